@@ -1,0 +1,3 @@
+from recipe.main import main
+
+main()

@@ -1,0 +1,74 @@
+"""The capture writer: rows of one forward pass -> one raw record per request in the dump directory.
+
+Both backends go through `write_pass`: the HF backend in-process, the SGLang hook from its writer
+thread inside the server. A pass is described the way SGLang describes it: the requests' rids in
+row order, each one's prefix length (where this piece starts in the prompt) and extend length.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import records
+
+log = logging.getLogger(__name__)
+
+
+def as_u16(x) -> np.ndarray:
+    """bf16/fp16 torch tensor or 16-bit numpy array (on the CPU) -> uint16 numpy view, no copy."""
+    if isinstance(x, np.ndarray):
+        return x.view(np.uint16)
+    import torch
+
+    return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def as_i32(x) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int32, copy=False)
+    return x.to(dtype=__import__("torch").int32).numpy()
+
+
+class CaptureWriter:
+    def __init__(self, dump_dir: str | Path, budget_bytes: int, rid_prefix: str, poll_s: float = 0.02):
+        self.dump_dir = Path(dump_dir)
+        self.budget_bytes = int(budget_bytes)
+        self.rid_prefix = rid_prefix
+        self.poll_s = poll_s
+        self.waited_s = 0.0  # time spent blocked on the dump budget (reported by the benchmarks)
+
+    def wait_for_budget(self, incoming: int = 0) -> None:
+        """Block while the dump directory holds more than the budget (the packer drains it).
+        A single record larger than the whole budget is let through once the directory is empty."""
+        t0 = None
+        while True:
+            held = records.dir_bytes(self.dump_dir)
+            if held + incoming <= self.budget_bytes or held == 0:
+                break
+            t0 = t0 or time.monotonic()
+            time.sleep(self.poll_s)
+        if t0:
+            self.waited_s += time.monotonic() - t0
+
+    def write_pass(self, rids, prefix_lens, extend_lens, input_ids, hidden, lasts=None) -> int:
+        """input_ids [T], hidden [T, slots, H] (T may exceed sum(extend_lens): padding rows are ignored).
+        Only rids carrying the recipe's prefix are written. Returns bytes written."""
+        ids, hid = as_i32(input_ids), as_u16(hidden)
+        if sum(extend_lens) > ids.shape[0] or hid.shape[0] != ids.shape[0]:
+            raise ValueError(f"pass has {ids.shape[0]} ids / {hid.shape[0]} rows for extend lengths {list(extend_lens)}")
+        written, row = 0, 0
+        for i, (rid, pre, n) in enumerate(zip(rids, prefix_lens, extend_lens)):
+            if rid.startswith(self.rid_prefix):
+                piece = hid[row:row + n]
+                self.wait_for_budget(piece.nbytes)
+                written += records.write_record(self.dump_dir, rid, int(pre), ids[row:row + n], piece,
+                                                None if lasts is None else bool(lasts[i]))
+            row += n
+        return written
+
+    def write_error(self, rid: str, reason: str) -> None:
+        log.error("capture failed for %s: %s", rid, reason)
+        records.write_error(self.dump_dir, rid, reason)

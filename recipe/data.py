@@ -1,0 +1,271 @@
+"""Input -> the plan: tokenized samples with an assistant-only loss mask, plus exact accounting.
+
+Accepted records (JSONL, or a local HF dataset saved with `save_to_disk`):
+  {"messages": [{"role": ..., "content": ...}, ...]}          OpenAI style
+  {"conversations": [{"from": "human"|"gpt"|..., "value": ...}]}  ShareGPT
+  {"prompt": "...", "completion"|"response": "..."}              single turn
+Every input record ends up in exactly one bucket: planned, or skipped under a named reason.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).parent / "assets"
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
+                  "system": "system"}
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+class BadRecord(ValueError):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class DataError(RuntimeError):
+    pass
+
+
+@dataclass
+class Sample:
+    id: str  # content hash of the conversation: stable across runs, machines and job splits
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # uint8 [T]: 1 on tokens the draft is trained to predict (assistant turns)
+    source: str  # "file:line"
+    key: str = ""  # resume key: hash of (model, capture, token ids)
+    truncated: bool = False
+
+
+@dataclass
+class Plan:
+    samples: list[Sample] = field(default_factory=list)
+    input: int = 0
+    skipped: collections.Counter = field(default_factory=collections.Counter)
+    examples: dict = field(default_factory=lambda: collections.defaultdict(list))
+    sources: list[dict] = field(default_factory=list)
+
+    def skip(self, reason: str, where: str, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        if len(self.examples[reason]) < 5:
+            self.examples[reason].append(f"{where}: {detail}" if detail else where)
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(len(s.input_ids) for s in self.samples))
+
+
+# -- reading --------------------------------------------------------------------------------
+def resolve_source(src: str) -> Path:
+    if src.startswith("builtin:"):
+        p = ASSETS / f"{src.split(':', 1)[1]}.jsonl"
+        if not p.exists():
+            raise DataError(f"no built-in dataset {src!r} (have: {sorted(x.stem for x in ASSETS.glob('*.jsonl'))})")
+        return p
+    p = Path(src).expanduser()
+    if not p.exists():
+        raise DataError(f"data source {src!r} does not exist")
+    return p
+
+
+def iter_records(src: str):
+    """Yields (where, record-or-BadRecord). Never raises for a bad line: the plan counts it."""
+    path = resolve_source(src)
+    if path.is_dir():  # a local HF dataset (datasets.save_to_disk)
+        try:
+            import datasets
+        except ImportError:
+            raise DataError(f"{path} is a directory: reading a local HF dataset needs `pip install datasets`") from None
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
+        for i, row in enumerate(ds):
+            yield f"{path.name}:{i}", row
+        return
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            where = f"{path.name}:{n}"
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield where, BadRecord("invalid_utf8", str(e))
+                continue
+            try:
+                yield where, json.loads(text)
+            except json.JSONDecodeError as e:
+                yield where, BadRecord("invalid_json", str(e))
+
+
+def to_messages(rec) -> list[dict]:
+    if not isinstance(rec, dict):
+        raise BadRecord("not_an_object", type(rec).__name__)
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not isinstance(msgs, list):
+            raise BadRecord("bad_field_type", "messages is not a list")
+        out = []
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
+            if m["role"] not in ROLES:
+                raise BadRecord("unknown_role", m["role"])
+            out.append({"role": m["role"], "content": m["content"]})
+    elif "conversations" in rec:
+        conv = rec["conversations"]
+        if not isinstance(conv, list):
+            raise BadRecord("bad_field_type", "conversations is not a list")
+        out = []
+        for m in conv:
+            if not isinstance(m, dict) or not isinstance(m.get("from"), str) or not isinstance(m.get("value"), str):
+                raise BadRecord("bad_field_type", "each turn needs string 'from' and 'value'")
+            if m["from"].lower() not in SHAREGPT_ROLES:
+                raise BadRecord("unknown_role", m["from"])
+            out.append({"role": SHAREGPT_ROLES[m["from"].lower()], "content": m["value"]})
+    elif "prompt" in rec:
+        if not isinstance(rec["prompt"], str):
+            raise BadRecord("bad_field_type", "prompt is not a string")
+        out = [{"role": "user", "content": rec["prompt"]}]
+        answer = rec.get("completion", rec.get("response"))
+        if answer is not None:
+            if not isinstance(answer, str):
+                raise BadRecord("bad_field_type", "completion is not a string")
+            out.append({"role": "assistant", "content": answer})
+    else:
+        raise BadRecord("missing_field", f"no messages/conversations/prompt (keys: {sorted(rec)[:6]})")
+    if not out:
+        raise BadRecord("empty_conversation")
+    if not any(m["role"] == "assistant" and m["content"] for m in out):
+        raise BadRecord("no_assistant_turn")
+    return out
+
+
+def sample_id(messages: list[dict]) -> str:
+    canon = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:24]
+
+
+# -- tokenizing -----------------------------------------------------------------------------
+def render(tokenizer, messages, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def assistant_spans(tokenizer, messages) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans the draft is trained on.
+
+    A span runs from just after the template's assistant header (the text the template adds for
+    add_generation_prompt) to the end of that turn, end-of-turn marker included, trailing
+    whitespace excluded. Template-agnostic: it only needs each prefix's rendering to be a prefix
+    of the whole, which is checked (templates that rewrite history, e.g. drop old <think>, fail
+    here loudly instead of producing a shifted mask).
+    """
+    full = render(tokenizer, messages, False)
+    spans = []
+    for k, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = render(tokenizer, messages[:k], True)
+        upto = render(tokenizer, messages[: k + 1], False)
+        if not full.startswith(upto) or not upto.startswith(head):
+            raise BadRecord("template_not_prefix_stable", f"turn {k}")
+        end = len(upto)
+        while end > len(head) and upto[end - 1].isspace():
+            end -= 1
+        spans.append((len(head), end))
+    return full, spans
+
+
+def tokenize(tokenizer, messages) -> tuple[np.ndarray, np.ndarray]:
+    text, spans = assistant_spans(tokenizer, messages)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int32)
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
+    for a, b in spans:
+        mask[(starts >= a) & (starts < b)] = 1
+    return ids, mask
+
+
+def build_plan(data_cfg, tokenizer) -> Plan:
+    plan = Plan()
+    seen: set[str] = set()
+    index = 0  # position over all records of all sources: decides limit and job split
+    for src in data_cfg.sources:
+        path = resolve_source(src)
+        plan.sources.append({"source": src, "path": str(path), "sha256": file_sha256(path)})
+        for where, rec in iter_records(src):
+            if data_cfg.limit is not None and index >= data_cfg.limit:
+                break
+            mine = index % data_cfg.num_shards == data_cfg.shard_index
+            index += 1
+            if not mine:
+                continue
+            plan.input += 1
+            try:
+                if isinstance(rec, BadRecord):
+                    raise rec
+                msgs = to_messages(rec)
+                sid = sample_id(msgs)
+                if sid in seen:
+                    raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
+                try:
+                    ids, mask = tokenize(tokenizer, msgs)
+                except BadRecord:
+                    raise
+                except Exception as e:  # a template that cannot render this conversation
+                    raise BadRecord("template_error", f"{type(e).__name__}: {e}") from None
+                truncated = len(ids) > data_cfg.max_length
+                if truncated:
+                    if data_cfg.overflow == "skip":
+                        raise BadRecord("too_long", f"{len(ids)} > max_length {data_cfg.max_length}")
+                    ids, mask = ids[: data_cfg.max_length], mask[: data_cfg.max_length]
+                if not mask.any():
+                    raise BadRecord("no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else ""))
+            except BadRecord as e:
+                plan.skip(e.reason, where, str(e))
+                continue
+            seen.add(sid)
+            plan.samples.append(Sample(sid, ids, mask, where, truncated=truncated))
+        if data_cfg.limit is not None and index >= data_cfg.limit:
+            break
+    invalid = sum(v for k, v in plan.skipped.items() if k not in POLICY_SKIPS)
+    limit = data_cfg.max_failures if data_cfg.max_failures >= 1 else data_cfg.max_failures * max(plan.input, 1)
+    if invalid > limit:
+        lines = "\n".join(f"  {r}: {n}  e.g. {plan.examples[r][0]}" for r, n in plan.skipped.items() if r not in POLICY_SKIPS)
+        raise DataError(f"{invalid} of {plan.input} input records are invalid (data.max_failures={data_cfg.max_failures}):\n{lines}")
+    return plan
+
+
+# skips that follow from config, not from broken input: they never count against max_failures
+POLICY_SKIPS = {"too_long", "duplicate", "no_loss_tokens"}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(path.rglob("*")):
+            if f.is_file():
+                h.update(f.relative_to(path).as_posix().encode())
+                h.update(f.read_bytes())
+    else:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def sample_key(model_fingerprint: str, capture: dict, ids: np.ndarray) -> str:
+    h = hashlib.sha256(model_fingerprint.encode())
+    h.update(json.dumps(capture, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(ids, dtype=np.int32).tobytes())
+    return h.hexdigest()[:32]

@@ -1,0 +1,47 @@
+"""Before any GPU work: will the output and dump filesystems hold this run?"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+# Conservative: the lossless ratio measured on real activations is higher (docs/benchmarks.md).
+EXPECTED_RATIO = 1.2
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def existing_parent(p: Path) -> Path:
+    p = Path(p).resolve()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def estimate(samples, slots: int, hidden: int, ratio: float = EXPECTED_RATIO) -> tuple[int, int]:
+    """(raw bytes, expected stored bytes): tokens x slots x hidden x 2 B, over the codec ratio."""
+    tokens = sum(len(s.input_ids) for s in samples)
+    raw = tokens * (slots * hidden * 2 + 5)  # + int32 id and uint8 mask per token
+    return raw, int(raw / ratio)
+
+
+def check(samples, slots: int, hidden: int, out_dir, dump_dir, budget_gb: float) -> dict:
+    raw, stored = estimate(samples, slots, hidden)
+    out_free = shutil.disk_usage(existing_parent(out_dir)).free
+    dump_free = shutil.disk_usage(existing_parent(dump_dir)).free
+    longest = max((len(s.input_ids) for s in samples), default=0) * (slots * hidden * 2 + 4)
+    log.info("preflight: %d samples, raw %.2f GB, expected on disk %.2f GB (free %.2f GB); dump budget %.2f GB "
+             "(free on %s: %.2f GB)", len(samples), raw / 1e9, stored / 1e9, out_free / 1e9, budget_gb,
+             dump_dir, dump_free / 1e9)
+    if stored > out_free:
+        raise PreflightError(f"output filesystem of {out_dir} has {out_free / 1e9:.1f} GB free but this run "
+                             f"needs about {stored / 1e9:.1f} GB: free space or split the data (data.num_shards)")
+    if budget_gb * (1 << 30) > dump_free:
+        raise PreflightError(f"capture.budget_gb={budget_gb} but {dump_dir} has only {dump_free / 1e9:.1f} GB free: "
+                             "lower the budget or enlarge /dev/shm (docker: ipc: host or shm_size)")
+    if longest > budget_gb * (1 << 30):
+        log.warning("the longest sample (%.2f GB raw) exceeds capture.budget_gb: it will pass alone", longest / 1e9)
+    return {"raw_bytes": raw, "expected_bytes": stored}

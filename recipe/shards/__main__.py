@@ -1,0 +1,121 @@
+"""python -m recipe.shards {inspect,verify,export,merge} ...
+
+  inspect DIR                       summary: counts, sizes, ratio, provenance
+  verify DIR                        every checksum, frame and count; exit 1 on any problem
+  export --to specforge|speculators DIR OUT
+  merge OUT IN [IN ...]             one index + manifest over several shard sets
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+from .codec import CorruptRecord, decode
+from .reader import ShardReader
+from .store import SHARD_DIR
+
+
+def inspect(root: Path) -> dict:
+    r = ShardReader(root)
+    m = r.manifest
+    t = m["totals"]
+    info = {"dir": str(root), "format": m["format"], "model": m["model"]["name"], "capture": m["capture"]["slots"],
+            "convention": m["capture"]["convention"], "samples": len(r), "tokens": t["tokens"],
+            "stored_gb": round(t["stored_bytes"] / 1e9, 4), "raw_gb": round(t["raw_bytes"] / 1e9, 4),
+            "ratio": round(t["raw_bytes"] / t["stored_bytes"], 4) if t["stored_bytes"] else None,
+            "shards": len(m["shards"]), "counts": m.get("counts"), "codec": m.get("codec"),
+            "versions": m.get("versions"), "patch": (m.get("backend") or {}).get("patch")}
+    return info
+
+
+def verify(root: Path, out=sys.stdout) -> list[str]:
+    """All problems found (empty = good). Names the sample and shard of each."""
+    problems = []
+    try:
+        r = ShardReader(root)
+    except (FileNotFoundError, ValueError) as e:
+        return [str(e)]
+    m = r.manifest
+    slots, hidden = len(m["capture"]["slots"]), m["model"]["hidden_size"]
+    for kind in ("id", "key"):
+        dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
+        problems += [f"duplicate {kind} {k} in index" for k in dup]
+    ends = collections.defaultdict(int)
+    for rec in r.records:
+        where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
+        ends[rec["shard"]] = max(ends[rec["shard"]], rec["offset"] + rec["length"])
+        try:
+            meta, arrs = decode(r.read_frame(rec), rec["crc32"])
+        except (CorruptRecord, OSError) as e:
+            problems.append(f"{where}: {e}")
+            continue
+        h = arrs.get("hidden")
+        if meta.get("id") != rec["id"]:
+            problems.append(f"{where}: frame holds sample {meta.get('id')}")
+        elif h is None or h.shape != (rec["tokens"], slots, hidden):
+            problems.append(f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}")
+        elif arrs["input_ids"].shape[0] != rec["tokens"] or arrs["loss_mask"].shape[0] != rec["tokens"]:
+            problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
+    for shard, end in ends.items():
+        size = (root / SHARD_DIR / shard).stat().st_size
+        if size != end:
+            problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
+    t = m["totals"]
+    if t["samples"] != len(r.records) or t["tokens"] != sum(x["tokens"] for x in r.records):
+        problems.append(f"manifest totals {t['samples']} samples/{t['tokens']} tokens disagree with the index "
+                        f"({len(r.records)}/{sum(x['tokens'] for x in r.records)})")
+    c = m.get("counts")
+    if c and not c.get("merged"):
+        accounted = c["ok"] + sum(c["skipped"].values()) + sum(c["failed"].values()) + c.get("not_done", 0)
+        if accounted != c["input"]:
+            problems.append(f"accounting: ok+skipped+failed+not_done = {accounted} != input {c['input']}")
+        if c["ok"] > len(r.records):
+            problems.append(f"manifest counts {c['ok']} ok samples but the index holds {len(r.records)}")
+    print(f"verified {len(r.records)} samples in {len(ends)} shards: "
+          + ("OK" if not problems else f"{len(problems)} problem(s)"), file=out)
+    return problems
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipe.shards", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("inspect").add_argument("dir", type=Path)
+    sub.add_parser("verify").add_argument("dir", type=Path)
+    e = sub.add_parser("export")
+    e.add_argument("--to", required=True, choices=["specforge", "speculators"])
+    e.add_argument("--final-norm", choices=["refuse", "keep-post-norm"], default="refuse",
+                   help="speculators: its last slot is pre-norm (vLLM); ours is post-norm")
+    e.add_argument("dir", type=Path)
+    e.add_argument("out", type=Path)
+    mg = sub.add_parser("merge")
+    mg.add_argument("out", type=Path)
+    mg.add_argument("inputs", type=Path, nargs="+")
+    a = p.parse_args(argv)
+    if a.cmd == "inspect":
+        print(json.dumps(inspect(a.dir), indent=2))
+        return 0
+    if a.cmd == "verify":
+        problems = verify(a.dir)
+        for x in problems:
+            print("  " + x)
+        return 1 if problems else 0
+    if a.cmd == "export":
+        from .export import export
+
+        n = export(a.to, a.dir, a.out, final_norm=a.final_norm)
+        print(f"exported {n} samples to {a.out} ({a.to})")
+        return 0
+    if a.cmd == "merge":
+        from .merge import merge
+
+        print(json.dumps(merge(a.out, a.inputs), indent=2))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

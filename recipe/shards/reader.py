@@ -1,0 +1,102 @@
+"""Reading shards: random access by sample id, iteration, and a torch Dataset.
+
+File handles are opened lazily per process, so a DataLoader with num_workers > 0 (fork or spawn)
+gets its own handles in every worker.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .codec import CorruptRecord, decode
+from .store import SHARD_DIR, read_index, read_manifest
+
+
+def to_torch(name: str, arr: np.ndarray, dtype: str):
+    import torch
+
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    if dtype == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+class ShardReader:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.manifest = read_manifest(self.root)
+        if self.manifest is None:
+            raise FileNotFoundError(f"{self.root} has no manifest.json: not a finished shard directory")
+        self.records = read_index(self.root)
+        self.by_id = {r["id"]: r for r in self.records}
+        self._fds: dict[str, int] = {}
+        self._pid = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def ids(self) -> list[str]:
+        return [r["id"] for r in self.records]
+
+    def _fd(self, shard: str) -> int:
+        if self._pid != os.getpid():  # forked into a worker: never share the parent's offsets
+            self._fds, self._pid = {}, os.getpid()
+        if shard not in self._fds:
+            self._fds[shard] = os.open(self.root / SHARD_DIR / shard, os.O_RDONLY)
+        return self._fds[shard]
+
+    def read_frame(self, rec: dict) -> bytes:
+        data = os.pread(self._fd(rec["shard"]), rec["length"], rec["offset"])
+        if len(data) != rec["length"]:
+            raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
+        return data
+
+    def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
+        rec = self.by_id[sample_id]
+        try:
+            return decode(self.read_frame(rec), rec["crc32"])
+        except CorruptRecord as e:
+            raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None
+
+    def get(self, sample_id: str) -> dict:
+        """{'input_ids', 'loss_mask', 'hidden' [T, slots, H], 'meta'} as torch tensors."""
+        meta, arrs = self.get_numpy(sample_id)
+        dtypes = meta.get("dtypes", {})
+        out = {k: to_torch(k, v, dtypes.get(k, "")) for k, v in arrs.items()}
+        out["meta"] = meta
+        return out
+
+    def __iter__(self):
+        for r in self.records:
+            yield self.get(r["id"])
+
+    def __getstate__(self):  # picklable into spawn workers: drop the open handles
+        d = dict(self.__dict__)
+        d["_fds"], d["_pid"] = {}, None
+        return d
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+
+def HiddenStatesDataset(root: str | Path):
+    """A map-style torch Dataset over one shard directory (index order)."""
+    import torch.utils.data
+
+    class _DS(torch.utils.data.Dataset):
+        def __init__(self):
+            self.reader = ShardReader(root)
+
+        def __len__(self):
+            return len(self.reader)
+
+        def __getitem__(self, i):
+            return self.reader.get(self.reader.records[i]["id"])
+
+    return _DS()

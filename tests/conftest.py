@@ -1,0 +1,47 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """Built-in models go to a per-session cache (subprocesses inherit it)."""
+    os.environ.setdefault("RECIPE_CACHE", str(tmp_path_factory.mktemp("recipe-cache")))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(_cache):
+    from recipe.tiny import materialize
+
+    return materialize("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def dump_parent(tmp_path):
+    d = tmp_path / "shm"
+    d.mkdir()
+    return d
+
+
+def compose(overrides=()):
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    from recipe import schema
+    from recipe.main import CONF_DIR
+
+    schema.register()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=False)

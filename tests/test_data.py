@@ -1,0 +1,115 @@
+"""Input -> samples: formats, loss-mask boundaries, truncation, splitting and accounting."""
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from recipe import data
+from recipe.tiny import make_tokenizer
+
+
+def dcfg(**kw):
+    base = dict(sources=[], max_length=4096, overflow="truncate", limit=None, shard_index=0, num_shards=1,
+                max_failures=1000)
+    base.update(kw)
+    return OmegaConf.create(base)
+
+
+CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "More?"},
+        {"role": "assistant", "content": "Sure."}]
+
+
+@pytest.mark.parametrize("template,header,end", [
+    ("chatml", "<|im_start|>assistant\n", "<|im_end|>"),
+    ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+])
+def test_loss_mask_boundaries(template, header, end):
+    tok = make_tokenizer(template)
+    ids, mask = data.tokenize(tok, CONV)
+    pieces = [tok.decode([int(i)]) for i in ids]
+    trained = "".join(p for p, m in zip(pieces, mask) if m)
+    assert trained == f"Hello there{end}Sure.{end}"
+    # boundaries, token by token: the role markers before each answer are not trained, its first token is
+    text = "".join(pieces)
+    for answer in ("Hello there", "Sure."):
+        pos = text.index(header + answer)
+        # index of the first token of the answer
+        acc, first = 0, None
+        for j, p in enumerate(pieces):
+            if acc == pos + len(header):
+                first = j
+                break
+            acc += len(p)
+        assert first is not None
+        assert mask[first] == 1 and pieces[first] == answer[0]
+        assert mask[first - 1] == 0  # the last token of the assistant header
+        hdr_tokens = len(tok(header, add_special_tokens=False)["input_ids"])
+        assert not mask[first - hdr_tokens:first].any()
+    # user and system text is never trained
+    assert "Hi" not in trained and "Be brief" not in trained
+    # the newline after the end-of-turn marker is not trained
+    last = int(np.nonzero(mask)[0][-1])
+    assert pieces[last] == end
+
+
+def test_formats_agree(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
+            {"prompt": "a", "completion": "b"}]
+    msgs = [data.to_messages(r) for r in rows]
+    assert msgs[0] == msgs[1] == msgs[2]
+    assert len({data.sample_id(m) for m in msgs}) == 1
+
+
+def write_lines(path, lines):
+    path.write_bytes(b"\n".join(l if isinstance(l, bytes) else l.encode() for l in lines) + b"\n")
+    return path
+
+
+def good(i, n=3):
+    return json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "x" * n + str(i)}]})
+
+
+def test_accounting_with_bad_lines(tmp_path):
+    tok = make_tokenizer()
+    p = write_lines(tmp_path / "d.jsonl", [
+        good(0), "{not json", b"\xff\xfe bad utf8", json.dumps([1, 2]), json.dumps({"text": "hi"}),
+        json.dumps({"messages": "nope"}), json.dumps({"messages": []}),
+        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
+        json.dumps({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}),
+        good(0), good(1, n=5000), "", good(2)])
+    plan = data.build_plan(dcfg(sources=[str(p)], max_length=200, overflow="skip"), tok)
+    assert plan.input == 12  # the blank line is not a record
+    assert len(plan.samples) == 2
+    assert dict(plan.skipped) == {"invalid_json": 1, "invalid_utf8": 1, "not_an_object": 1, "missing_field": 1,
+                                  "bad_field_type": 1, "empty_conversation": 1, "no_assistant_turn": 1,
+                                  "unknown_role": 1, "duplicate": 1, "too_long": 1}
+    assert len(plan.samples) + sum(plan.skipped.values()) == plan.input
+    assert plan.examples["invalid_json"][0].startswith("d.jsonl:2")
+
+
+def test_max_failures_stops_the_run(tmp_path):
+    p = write_lines(tmp_path / "d.jsonl", [good(0), "{bad", "{bad2", good(1)])
+    with pytest.raises(data.DataError, match="2 of 4 input records are invalid"):
+        data.build_plan(dcfg(sources=[str(p)], max_failures=0.25), make_tokenizer())
+    assert len(data.build_plan(dcfg(sources=[str(p)], max_failures=2), make_tokenizer()).samples) == 2
+
+
+def test_truncate_keeps_the_prefix(tmp_path):
+    p = write_lines(tmp_path / "d.jsonl", [good(0, n=500)])
+    tok = make_tokenizer()
+    full = data.build_plan(dcfg(sources=[str(p)]), tok).samples[0]
+    cut = data.build_plan(dcfg(sources=[str(p)], max_length=100), tok).samples[0]
+    assert len(cut.input_ids) == 100 and cut.truncated
+    assert np.array_equal(cut.input_ids, full.input_ids[:100]) and np.array_equal(cut.loss_mask, full.loss_mask[:100])
+
+
+def test_job_split_partitions_the_input(tmp_path):
+    p = write_lines(tmp_path / "d.jsonl", [good(i) for i in range(10)] + ["{bad"])
+    tok = make_tokenizer()
+    whole = data.build_plan(dcfg(sources=[str(p)], limit=9), tok)
+    parts = [data.build_plan(dcfg(sources=[str(p)], limit=9, shard_index=k, num_shards=3), tok) for k in range(3)]
+    assert sorted(s.id for pt in parts for s in pt.samples) == sorted(s.id for s in whole.samples)
+    assert sum(pt.input for pt in parts) == whole.input == 9

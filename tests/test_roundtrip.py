@@ -1,0 +1,241 @@
+"""capture -> packer -> shards -> reader, bit for bit; the HF backend against transformers itself."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, compose
+from recipe.backends.hf import HFBackend
+from recipe.capture.writer import CaptureWriter
+from recipe.data import Sample
+from recipe.main import run
+from recipe.packer import Packer
+from recipe.shards import CorruptRecord, HiddenStatesDataset, ShardReader
+from recipe.shards.__main__ import verify
+from recipe.shards.codec import Codec
+from recipe.shards.store import ShardStore
+
+
+def run_cfg(tmp_path, *extra):
+    return compose([f"output_dir={tmp_path / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}", "log_every_s=1000",
+                    *extra])
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The embedded default, with every tensor the backend produced recorded on the side."""
+    tmp = tmp_path_factory.mktemp("run")
+    cfg = run_cfg(tmp)
+    produced = {}
+    orig = HFBackend.hidden_states
+
+    def recording(self, seqs):
+        out = orig(self, seqs)
+        for ids, h in zip(seqs, out):
+            produced[np.asarray(ids, np.int32).tobytes()] = h.clone()
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HFBackend, "hidden_states", recording)
+        counts = run(cfg)
+    return cfg, tmp / "out", counts, produced
+
+
+def test_hf_backend_equals_transformers_output_hidden_states(tiny_model_dir, tokenizer):
+    """The backend's rows == transformers' own output_hidden_states[i] at the configured indices."""
+    from transformers import AutoModelForCausalLM
+
+    layers = [0, 2, 3]
+    be = HFBackend(tiny_model_dir, layers, final=True, device="cpu")
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 256, (n,), generator=g).numpy() for n in (7, 33, 20)]
+    got = be.hidden_states(seqs)
+    # 1. exact: transformers on the same right-padded batch, our slicing vs its hidden_states[i]
+    ids = torch.zeros(3, 33, dtype=torch.long)
+    att = torch.zeros(3, 33, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.as_tensor(s)
+        att[i, :len(s)] = 1
+    with torch.inference_mode():
+        hs = ref(ids, attention_mask=att, output_hidden_states=True).hidden_states
+    for i, (s, h) in enumerate(zip(seqs, got)):
+        want = torch.stack([hs[k][i, :len(s)] for k in layers] + [hs[4][i, :len(s)]], dim=1)
+        assert h.shape == (len(s), 4, 64)
+        assert torch.equal(h, want)
+    # 2. padding leaks nothing: each sequence alone, unpadded, agrees to bf16 rounding
+    #    (a different batch shape takes other kernel blockings: a few ulps, never more)
+    for s, h in zip(seqs, got):
+        with torch.inference_mode():
+            hs1 = ref(torch.as_tensor(s, dtype=torch.long)[None], output_hidden_states=True).hidden_states
+        want = torch.stack([hs1[k][0] for k in layers] + [hs1[4][0]], dim=1)
+        torch.testing.assert_close(h.float(), want.float(), rtol=1.6e-2, atol=2e-2)
+
+
+def test_round_trip_is_bit_exact(default_run, tiny_model_dir):
+    cfg, out, counts, produced = default_run
+    assert counts["ok"] == counts["input"] == 40
+    reader = ShardReader(out)
+    from transformers import AutoTokenizer
+    from recipe.data import build_plan
+
+    plan = build_plan(cfg.data, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert len(produced) == len(plan.samples) == len(reader)
+    for s in plan.samples:
+        got = reader.get(s.id)
+        want = produced[s.input_ids.tobytes()]
+        assert got["hidden"].dtype == torch.bfloat16
+        assert torch.equal(got["hidden"], want)
+        assert np.array_equal(got["input_ids"].numpy(), s.input_ids)
+        assert np.array_equal(got["loss_mask"].numpy(), s.loss_mask)
+        assert got["meta"]["slots"] == ["layer_1", "layer_2", "layer_3", "final_post_norm"]
+
+
+def test_manifest_records_provenance(default_run):
+    _, out, _, _ = default_run
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["capture"]["layers"] == [1, 2, 3] and m["capture"]["final_norm"] == "post"
+    assert "entering decoder layer i" in m["capture"]["convention"]
+    assert m["versions"]["torch"] and m["versions"]["transformers"]
+    assert len(m["model_fingerprint"]) == 32 and m["tokenizer"]["chat_template_sha256"]
+    assert m["data"]["sources"][0]["sha256"] and m["data"]["max_length"] == 1024
+    assert m["counts"] == {"input": 40, "ok": 40, "ok_this_run": 40, "already_stored": 0, "skipped": {},
+                           "failed": {}, "not_done": 0}
+
+
+def test_resume_skips_what_is_stored(default_run):
+    cfg, out, _, _ = default_run
+    before = (out / "index.jsonl").read_bytes()
+    counts = run(cfg)
+    assert counts["already_stored"] == 40 and counts["ok_this_run"] == 0
+    assert (out / "index.jsonl").read_bytes() == before
+    assert verify(out) == []
+
+
+def test_resume_with_other_layers_is_refused(default_run, tmp_path):
+    cfg, out, _, _ = default_run
+    from recipe.shards.store import ProvenanceMismatch
+
+    with pytest.raises(ProvenanceMismatch, match="capture"):
+        run(compose([f"output_dir={out}", f"capture.dump_dir={tmp_path}", "capture.layers=[1,3]"]))
+
+
+def test_dataset_with_workers(default_run):
+    _, out, _, _ = default_run
+    ds = HiddenStatesDataset(out)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    n = sum(int(x["hidden"].shape[0]) for x in loader)
+    assert n == sum(r["tokens"] for r in ds.reader.records)
+
+
+def test_cli_verify_and_inspect(default_run):
+    _, out, _, _ = default_run
+    r = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "40 samples" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "recipe.shards", "inspect", str(out)], capture_output=True, text=True)
+    assert json.loads(r.stdout)["samples"] == 40
+
+
+def test_flipped_byte_is_named(default_run, tmp_path):
+    import shutil
+
+    _, out, _, _ = default_run
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    rec = ShardReader(bad).records[5]
+    path = bad / "shards" / rec["shard"]
+    b = bytearray(path.read_bytes())
+    b[rec["offset"] + rec["length"] // 2] ^= 0x40
+    path.write_bytes(bytes(b))
+    problems = verify(bad)
+    assert len(problems) == 1 and rec["id"] in problems[0] and rec["shard"] in problems[0]
+    with pytest.raises(CorruptRecord, match=rec["id"]):
+        ShardReader(bad).get(rec["id"])
+    other = ShardReader(bad).records[6]["id"]
+    assert ShardReader(bad).get(other)["hidden"].shape[0] > 0  # the rest reads fine
+    r = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1 and rec["id"] in r.stdout
+
+
+def mk_sample(i, n, rng):
+    ids = rng.integers(0, 256, n).astype(np.int32)
+    return Sample(id=f"s{i}", input_ids=ids, loss_mask=(np.arange(n) % 2).astype(np.uint8), source=f"t:{i}", key=f"k{i}")
+
+
+def packer_for(tmp_path, slots=2, **kw):
+    store = ShardStore(tmp_path / "out", {"format": "t", "model_fingerprint": "m", "capture": {}})
+    dump = tmp_path / "dump"
+    dump.mkdir(exist_ok=True)
+    return store, dump, Packer(dump, store, Codec(), [f"s{k}" for k in range(slots)], workers=2, **kw).start()
+
+
+def finish(store, packer, tmp_path):
+    packer.drain(timeout_s=30)
+    packer.stop()
+    store.write_manifest({})
+    store.close()
+    return ShardReader(tmp_path / "out")
+
+
+def test_chunked_records_reassemble(tmp_path):
+    """One request over three passes, sharing passes with others (as SGLang chunked prefill does)."""
+    rng = np.random.default_rng(0)
+    a, b, c = mk_sample(0, 300, rng), mk_sample(1, 50, rng), mk_sample(2, 120, rng)
+    H = {s.id: rng.integers(1, 30000, (len(s.input_ids), 2, 8)).astype(np.uint16) for s in (a, b, c)}
+    store, dump, packer = packer_for(tmp_path)
+    w = CaptureWriter(dump, 1 << 30, "hsx-")
+    for s in (a, b, c):
+        packer.expect("hsx-" + s.id, s)
+    # pass 1: all of b + a[0:78]; pass 2: a[78:206]; pass 3: a[206:300] + c
+    w.write_pass(["hsx-s1", "hsx-s0"], [0, 0], [50, 78], np.concatenate([b.input_ids, a.input_ids[:78]]),
+                 np.concatenate([H["s1"], H["s0"][:78]]))
+    w.write_pass(["hsx-s0"], [78], [128], a.input_ids[78:206], H["s0"][78:206])
+    w.write_pass(["hsx-s0", "HEALTH_CHECK_ab", "hsx-s2"], [206, 0, 0], [94, 1, 120],
+                 np.concatenate([a.input_ids[206:], [7], c.input_ids]),
+                 np.concatenate([H["s0"][206:], np.ones((1, 2, 8), np.uint16), H["s2"]]))
+    assert not list(dump.glob("HEALTH*"))  # not the recipe's request: never dumped
+    for s in (a, b, c):
+        packer.responded("hsx-" + s.id)
+    r = finish(store, packer, tmp_path)
+    assert packer.ok == 3 and not packer.failed
+    for s in (a, b, c):
+        got = r.get_numpy(s.id)[1]
+        assert np.array_equal(got["hidden"], H[s.id]) and np.array_equal(got["input_ids"], s.input_ids)
+    assert list(dump.iterdir()) == []  # raw pieces are gone once durable
+
+
+def test_packer_failures_are_counted(tmp_path):
+    rng = np.random.default_rng(1)
+    s = [mk_sample(i, 20, rng) for i in range(5)]
+    store, dump, packer = packer_for(tmp_path, dump_timeout_s=0.3)
+    w = CaptureWriter(dump, 1 << 30, "hsx-")
+    for x in s:
+        packer.expect("hsx-" + x.id, x)
+    ok = rng.integers(1, 30000, (20, 2, 8)).astype(np.uint16)
+    w.write_pass(["hsx-s0"], [0], [20], s[0].input_ids, ok)                         # good
+    wrong_ids = s[1].input_ids.copy(); wrong_ids[3] += 1
+    w.write_pass(["hsx-s1"], [0], [20], wrong_ids, ok)                              # ids differ from what was sent
+    nan = ok.copy(); nan[4, 1, 2] = 0x7FC0
+    w.write_pass(["hsx-s2"], [0], [20], s[2].input_ids, nan)                        # NaN
+    zero = ok.copy(); zero[:, 1] = 0x8000                                           # -0.0 everywhere in slot 1
+    w.write_pass(["hsx-s3"], [0], [20], s[3].input_ids, zero)
+    # s4: the server answered but no dump ever came (a CUDA-graph replay looks like this)
+    for x in s:
+        packer.responded("hsx-" + x.id)
+    r = finish(store, packer, tmp_path)
+    assert packer.ok == 1 and r.ids == ["s0"]
+    assert dict(packer.failed) == {"token_ids_mismatch": 1, "non_finite": 1, "all_zero_slot_1": 1, "no_dump": 1}
+
+
+def test_capture_error_marker_fails_the_sample(tmp_path):
+    rng = np.random.default_rng(2)
+    s = mk_sample(0, 10, rng)
+    store, dump, packer = packer_for(tmp_path)
+    packer.expect("hsx-s0", s)
+    CaptureWriter(dump, 1 << 30, "hsx-").write_error("hsx-s0", "RuntimeError: boom")
+    finish(store, packer, tmp_path)
+    assert dict(packer.failed) == {"capture_error": 1}
+    assert "boom" in packer.examples["capture_error"][0]
