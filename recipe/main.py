@@ -177,11 +177,12 @@ def run(cfg: DictConfig) -> dict:
             backend = make_backend(cfg, model_dir, dump_dir)
             try:
                 backend.run(todo, packer, writer, rid_of, should_stop=stop.is_set)
+                if stop.is_set():
+                    interrupted = "interrupted by a signal"
+                # drain *before* stopping the server: its writer thread may still hold the last passes
+                packer.drain(timeout_s=None if not stop.is_set() else cfg.capture.dump_timeout_s)
             finally:
                 backend.close()
-            if stop.is_set():
-                interrupted = "interrupted by a signal"
-            packer.drain(timeout_s=None if not stop.is_set() else cfg.capture.dump_timeout_s)
         except KeyboardInterrupt:
             interrupted = "interrupted"
         finally:

@@ -125,6 +125,13 @@ class Packer:
             self._count_failure(p, reason)
             self._delete(p)
 
+    def forget(self, rid: str) -> None:
+        """A superseded attempt (the client retries under a new rid): dropped, not counted."""
+        with self._lock:
+            p = self.pending.pop(rid, None)
+        if p is not None:
+            self._delete(p)
+
     def outstanding(self) -> int:
         with self._lock:
             return len(self.pending) + len(self.inflight) + len(self.uncommitted)
@@ -210,13 +217,15 @@ class Packer:
                     if off != covered:
                         break
                     covered += p.pieces[off][1]
-                if covered >= n:
+                if covered >= n and p.responded_at is not None:  # the client vetted the response first
                     del self.pending[rid]
                     self.inflight.append((p, self.pool.submit(self._pack, p)))
                     busy = True
                 elif p.responded_at is not None and now - p.responded_at > self.dump_timeout_s:
                     del self.pending[rid]
-                    why = "no_dump" if not p.pieces else f"incomplete_dump ({covered}/{n} tokens)"
+                    why = "no_dump" if not p.pieces else (
+                        f"incomplete_dump ({covered}/{n} tokens; pieces at {sorted(p.pieces)[:8]}; "
+                        f"{now - p.responded_at:.1f} s after the response)")
                     self._count_failure(p, why)
                     self._delete(p)
         return busy

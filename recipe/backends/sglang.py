@@ -1,0 +1,258 @@
+"""SGLang backend: start the patched server, send every prompt, let its hook dump during prefill.
+
+The server writes raw records into the dump dir through recipe.capture.sglang_hook; this process
+runs the client and the packer. Nothing here imports sglang: it only launches it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+from omegaconf import OmegaConf
+
+from ..capture import records, sglang_hook
+
+log = logging.getLogger(__name__)
+
+# Flags the dump depends on. Python in the forward pass does not run when a CUDA graph replays,
+# and a radix-cache hit leaves the cached prefix uncomputed.
+FORCED = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_backend_decode": "disabled",
+          "disable_radix_cache": True}
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def to_flags(args: dict) -> list[str]:
+    """{snake_case: value} -> ['--kebab-case', 'value']; True -> bare flag; None/False -> omitted."""
+    out = []
+    for k, v in args.items():
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        elif isinstance(v, dict):
+            import json
+
+            out += [flag, json.dumps(v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
+    bad = [f"{k}={args.get(k)!r} (needs {v!r})" for k, v in FORCED.items() if args.get(k) != v]
+    forced_flags = {"--" + k.replace("_", "-") for k in FORCED} | {"--cuda-graph-config", "--enable-cuda-graph"}
+    bad += [f"extra_args sets {a}" for a in extra if a.split("=")[0] in forced_flags]
+    if bad and not allow_unsafe:
+        raise ValueError("server flags the hidden-state dump depends on were changed: " + "; ".join(bad) +
+                         ". CUDA graphs skip the Python hook (silent holes) and the radix cache skips cached "
+                         "tokens. Only the silent-failure test sets server.allow_unsafe_flags=true.")
+    if int(args.get("pp_size") or 1) > 1:
+        raise ValueError("server.args.pp_size > 1 is not supported by the dump hook")
+    if args.get("enable_dp_attention") and int(args.get("dp_size") or 1) > 1:
+        log.warning("attention-DP: one writer per DP group (attention-TP rank 0); verified on CPU only")
+
+
+def server_argv(cfg, model_dir: Path) -> list[str]:
+    args = OmegaConf.to_container(cfg.server.args, resolve=True)
+    extra = list(cfg.server.extra_args)
+    check_flags(args, extra, cfg.server.allow_unsafe_flags)
+    return [*cfg.server.command, "--model-path", str(model_dir), "--host", cfg.server.host,
+            "--port", str(cfg.server.port), *to_flags(args), *extra]
+
+
+def server_env(cfg, dump_dir: Path, base=None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env.update({k: str(v) for k, v in OmegaConf.to_container(cfg.nccl.env, resolve=True).items()})
+    env.update(sglang_hook.env_for(dump_dir, list(cfg.capture.layers), cfg.capture.final, cfg.capture.rid_prefix,
+                                   int(cfg.capture.budget_gb * (1 << 30)), cfg.capture.writer_queue))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class Server:
+    """One server process tree: started in its own session so stop() ends all its workers."""
+
+    def __init__(self, argv, env, log_path: Path, url: str, ready_timeout_s: float):
+        self.argv, self.env, self.log_path, self.url, self.ready_timeout_s = argv, env, Path(log_path), url, ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        logf = open(self.log_path, "ab")
+        logf.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
+        logf.flush()
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        logf.close()
+        log.info("server started (pid %d), log: %s", self.proc.pid, self.log_path)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self) -> float:
+        """Until GET /health answers 200 (503 while SGLang warms up). Fails fast if the process exits."""
+        t0 = time.monotonic()
+        last = time.monotonic()
+        while True:
+            if not self.alive():
+                raise ServerError(f"server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    took = time.monotonic() - t0
+                    log.info("server ready after %.0f s", took)
+                    return took
+            except httpx.HTTPError:
+                pass
+            waited = time.monotonic() - t0
+            if waited > self.ready_timeout_s:
+                self.stop()
+                raise ServerError(f"server not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
+            if time.monotonic() - last > 30:
+                log.info("waiting for the server (%.0f s; kernels compile on a fresh machine)", waited)
+                last = time.monotonic()
+            time.sleep(1.0)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # children that left the group (rare) are still in the session: make sure none survives
+        subprocess.run(["pkill", "-KILL", "-s", str(self.proc.pid)], check=False, capture_output=True)
+        log.info("server stopped")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no server log)"
+
+
+def hydra_run_dir() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+
+
+class Retry(Exception):
+    pass
+
+
+class SGLangBackend:
+    def __init__(self, cfg, model_dir: Path, dump_dir: Path, run_dir: Path | None = None):
+        self.cfg = cfg
+        self.dump_dir = dump_dir
+        self.url = f"http://{cfg.server.host}:{cfg.server.port}"
+        run_dir = Path(run_dir or hydra_run_dir() or Path(cfg.output_dir) / "logs")
+        self.server = Server(server_argv(cfg, model_dir), server_env(cfg, dump_dir), run_dir / "server.log",
+                             self.url, cfg.server.ready_timeout_s)
+        self.budget = int(cfg.capture.budget_gb * (1 << 30))
+        self.restarts = 0
+        self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
+
+    def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
+        self.server.start()
+        self.server.wait_ready()
+        asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
+
+    def close(self) -> None:
+        self.server.stop()
+
+    # -- client --------------------------------------------------------------------------------
+    async def _send_all(self, samples, packer, rid_of, should_stop) -> None:
+        c = self.cfg.client
+        self._restart_lock = asyncio.Lock()
+        sem = asyncio.Semaphore(c.concurrency)
+        limits = httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency)
+        async with httpx.AsyncClient(timeout=c.timeout_s, limits=limits) as http:
+            queue = deque(samples)
+
+            async def worker():
+                while queue and not should_stop():
+                    s = queue.popleft()
+                    async with sem:
+                        await self._wait_budget()
+                        await self._one(http, s, packer, rid_of)
+
+            await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+
+    async def _wait_budget(self) -> None:
+        """Back-pressure: no new request while the dump directory holds more than the budget."""
+        t0 = time.monotonic()
+        while records.dir_bytes(self.dump_dir) > self.budget:
+            await asyncio.sleep(0.05)
+        self.stats["budget_wait_s"] += time.monotonic() - t0
+
+    async def _one(self, http, s, packer, rid_of) -> None:
+        c = self.cfg.client
+        base = rid_of(s)
+        for attempt in range(c.retries + 1):
+            rid = base if attempt == 0 else f"{base}-r{attempt}"
+            packer.expect(rid, s)
+            payload = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
+                       "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
+            try:
+                self.stats["requests"] += 1
+                r = await http.post(self.url + "/generate", json=payload)
+                if r.status_code >= 500 or r.status_code == 429:
+                    raise Retry(f"http_{r.status_code}: {r.text[:200]}")
+                if r.status_code != 200:
+                    packer.fail(rid, f"http_{r.status_code}: {r.text[:200]}")
+                    return
+                meta = r.json().get("meta_info", {})
+                if meta.get("cached_tokens", 0):
+                    packer.fail(rid, f"prefix_cache_hit ({meta['cached_tokens']} cached tokens were not computed)")
+                    return
+                if meta.get("prompt_tokens") not in (None, len(s.input_ids)):
+                    packer.fail(rid, f"prompt_tokens_mismatch ({meta['prompt_tokens']} != {len(s.input_ids)})")
+                    return
+                packer.responded(rid)
+                return
+            except (httpx.HTTPError, Retry) as e:
+                reason = f"{type(e).__name__}: {e}"
+                if attempt == c.retries:
+                    packer.fail(rid, f"request_failed after {attempt + 1} attempts: {reason}")
+                    return
+                packer.forget(rid)  # this attempt's partial dump (if any) is dropped, not counted
+                self.stats["retries"] += 1
+                log.warning("request %s failed (%s); retrying", rid, reason)
+                await self._ensure_server()
+                await asyncio.sleep(c.backoff_s * 2 ** attempt)
+
+    async def _ensure_server(self) -> None:
+        """A dead server is restarted (up to server.max_restarts); past that the run stops."""
+        async with self._restart_lock:
+            if self.server.alive():
+                return
+            if self.restarts >= self.cfg.server.max_restarts:
+                raise ServerError(f"server died {self.restarts + 1} times (server.max_restarts="
+                                  f"{self.cfg.server.max_restarts}):\n{self.server.log_tail()}")
+            self.restarts += 1
+            log.error("server died (exit %s); restart %d/%d\n%s", self.server.proc.returncode, self.restarts,
+                      self.cfg.server.max_restarts, self.server.log_tail(20))
+            self.server.stop()
+            self.server.start()
+            await asyncio.to_thread(self.server.wait_ready)

@@ -1,0 +1,180 @@
+"""The in-server side: called from the patched `...ForCausalLM` (patches/sglang/), in every TP worker.
+
+The patch adds two things to a model class and nothing else:
+  __init__: `self.hs_dump = install(self)` when SGLANG_HS_DUMP_DIR is set
+  forward:  `self.hs_dump(forward_batch, hidden_states, aux_hidden_states)` once both are in hand
+Everything else is here, where CPU tests reach it.
+
+What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
+one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
+stack the K aux captures and the final state into one [T, K+1, H] tensor, start its copy to pinned
+host memory on a side stream, and hand it to a writer thread through a bounded queue. The GPU
+stream never waits for the disk; the forward pass only blocks when the queue is full, i.e. when the
+writer is held back by the dump budget (the packer is behind).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+
+from .writer import CaptureWriter
+
+log = logging.getLogger("recipe.sglang_hook")
+
+ENV_DIR = "SGLANG_HS_DUMP_DIR"
+ENV_LAYERS = "SGLANG_HS_LAYERS"  # "3,31,59": residual stream entering those layers
+ENV_FINAL = "SGLANG_HS_FINAL"  # "1": also the final post-norm state
+ENV_PREFIX = "SGLANG_HS_RID_PREFIX"
+ENV_BUDGET = "SGLANG_HS_BUDGET_BYTES"
+ENV_QUEUE = "SGLANG_HS_QUEUE"
+ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but write nothing
+
+
+def env_for(dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4) -> dict:
+    """The server's environment that switches the dump on (the recipe's side of the contract)."""
+    return {ENV_DIR: str(dump_dir), ENV_LAYERS: ",".join(str(int(i)) for i in layers), ENV_FINAL: "1" if final else "0",
+            ENV_PREFIX: rid_prefix, ENV_BUDGET: str(int(budget_bytes)), ENV_QUEUE: str(int(queue_size))}
+
+
+def install(model, env=os.environ):
+    """Switch on aux capture with exactly the configured layers; return the hook (or None).
+
+    The layer list is set on the model directly: `set_eagle3_layers_to_capture` shifts ids by +1
+    (always in Llama, only when the first id is 1 in DeepSeek), the field's classic off-by-one.
+    """
+    if not env.get(ENV_DIR):
+        return None
+    layers = [int(x) for x in env.get(ENV_LAYERS, "").split(",") if x.strip()]
+    pp = getattr(model, "pp_group", None)
+    if pp is not None and getattr(pp, "world_size", 1) > 1:
+        raise RuntimeError("hidden-state dump does not support pipeline parallelism (pp_size > 1)")
+    if layers:
+        if layers != sorted(set(layers)) or layers[0] < 1:
+            raise ValueError(f"{ENV_LAYERS}={layers}: need ascending ids >= 1 (SGLang cannot capture layer 0)")
+        model.capture_aux_hidden_states = True
+        model.model.layers_to_capture = list(layers)
+    hook = DumpHook(env[ENV_DIR], layers, env.get(ENV_FINAL, "1") == "1", env.get(ENV_PREFIX, "hsx-"),
+                    int(env.get(ENV_BUDGET, str(8 << 30))), int(env.get(ENV_QUEUE, "4")),
+                    write=env.get(ENV_NO_WRITE, "0") != "1")
+    log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
+    return hook
+
+
+def sglang_writer_rank() -> bool:
+    """True on attention-TP rank 0: one writer per attention-DP group (plain TP: tp rank 0)."""
+    from sglang.srt.distributed import get_attn_tensor_model_parallel_rank
+
+    return get_attn_tensor_model_parallel_rank() == 0
+
+
+class DumpHook:
+    def __init__(self, dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4,
+                 is_writer=sglang_writer_rank, write: bool = True):
+        self.layers, self.final, self.prefix, self.write = list(layers), final, rid_prefix, write
+        self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix)
+        self._is_writer = is_writer
+        self._writer_rank: bool | None = None
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
+        self._stream = None
+        self._thread = threading.Thread(target=self._drain, name="hs-dump-writer", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    # -- in the forward pass -------------------------------------------------------------------
+    def __call__(self, forward_batch, hidden_states, aux_hidden_states) -> None:
+        fm = forward_batch.forward_mode
+        if getattr(fm, "name", None) != "EXTEND":  # not DECODE, MIXED, IDLE, TARGET_VERIFY, ...
+            return
+        rids = list(forward_batch.rids or [])
+        if not any(r.startswith(self.prefix) for r in rids):  # warm-up and health checks end here
+            return
+        if self._writer_rank is None:
+            self._writer_rank = bool(self._is_writer())
+        if not self._writer_rank:
+            return
+        try:
+            self._capture(forward_batch, rids, hidden_states, aux_hidden_states)
+        except Exception as e:  # never kill the server; the packer turns the marker into a failed sample
+            log.exception("hidden-state capture failed")
+            for r in rids:
+                if r.startswith(self.prefix):
+                    self.writer.write_error(r, f"hook: {type(e).__name__}: {e}")
+
+    def _capture(self, fb, rids, hidden_states, aux_hidden_states) -> None:
+        import torch
+
+        ext = [int(x) for x in fb.extend_seq_lens_cpu]
+        pre = [int(x) for x in fb.extend_prefix_lens_cpu]
+        T = sum(ext)
+        parts = list(aux_hidden_states or [])
+        if len(parts) != len(self.layers):
+            raise RuntimeError(f"model captured {len(parts)} layers, {len(self.layers)} configured {self.layers}")
+        if self.final:
+            parts.append(hidden_states)
+        for p in parts:
+            if p.shape[0] < T:  # e.g. attention-TP scattered states: refuse rather than write garbage
+                raise RuntimeError(f"hidden states have {p.shape[0]} rows for {T} tokens in the pass")
+        stacked = torch.stack([p[:T] for p in parts], dim=1)  # [T, slots, H]: one tensor, one copy
+        ids = fb.input_ids[:T]
+        orig = getattr(fb, "orig_seq_lens", None)
+        if stacked.is_cuda:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=stacked.device)
+            main = torch.cuda.current_stream(stacked.device)
+            self._stream.wait_stream(main)
+            with torch.cuda.stream(self._stream):
+                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                host.copy_(stacked, non_blocking=True)
+                host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+                host_ids.copy_(ids, non_blocking=True)
+                host_orig = None
+                if orig is not None:
+                    host_orig = torch.empty(orig.shape, dtype=orig.dtype, pin_memory=True)
+                    host_orig.copy_(orig, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._stream)
+            # the caching allocator must not hand these to the next kernel before the copy ran
+            for t in (stacked, ids) + ((orig,) if orig is not None else ()):
+                t.record_stream(self._stream)
+        else:
+            host, host_ids, host_orig, done = stacked, ids, orig, None
+        self.queue.put((done, rids, pre, ext, host_ids, host, host_orig))  # blocks only when the writer is behind
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def _drain(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            done, rids, pre, ext, ids, host, orig = item
+            try:
+                if done is not None:
+                    done.synchronize()
+                if not self.write:
+                    continue
+                lasts = None
+                if orig is not None and len(orig) >= len(rids):
+                    o = orig.tolist()
+                    lasts = [p + n == o[i] for i, (p, n) in enumerate(zip(pre, ext))]
+                self.writer.write_pass(rids, pre, ext, ids, host, lasts)
+            except Exception as e:
+                log.exception("hidden-state write failed")
+                for r in rids:
+                    if r.startswith(self.prefix):
+                        try:
+                            self.writer.write_error(r, f"writer: {type(e).__name__}: {e}")
+                        except OSError:
+                            pass
+            finally:
+                self.queue.task_done()
+
+    def flush(self) -> None:
+        self.queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.queue.put(None)
+            self._thread.join(timeout=60)

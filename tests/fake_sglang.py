@@ -1,0 +1,190 @@
+"""A CPU stand-in for `python -m sglang.launch_server`, for the SGLang backend's tests.
+
+It speaks the parts of the HTTP API the recipe uses (/health, /generate with input_ids, rid and
+max_new_tokens 0) and drives the *real* recipe hook the way the patched SGLang model does: `install`
+at model construction, then `hook(forward_batch, final, aux_list)` on every pass, with the field
+names of SGLang 0.5.16's ForwardBatch. A scheduler thread batches waiting requests into EXTEND passes,
+cuts prompts into chunks of --chunked-prefill-size (one pass can hold the end of one request and the
+start of another), and also runs the server's own warm-up and health-check requests through the hook.
+
+FAKE_SGLANG_MODE (comma-separated): graphs (the hook never runs, as under CUDA-graph replay),
+flaky500 (the first attempt of every request answers 500), die_once (the process exits on the 3rd
+request, once per marker file FAKE_SGLANG_MARKER), cached (answers cached_tokens > 0), slow (sleep per pass).
+"""
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recipe.capture import sglang_hook  # noqa: E402
+
+# The one SGLang API the hook calls (sglang.srt.distributed): a single-rank server is TP rank 0.
+_dist = SimpleNamespace(get_attn_tensor_model_parallel_rank=lambda: 0)
+sys.modules.update({"sglang": SimpleNamespace(), "sglang.srt": SimpleNamespace(), "sglang.srt.distributed": _dist})
+
+
+class ForwardMode(enum.IntEnum):  # the names SGLang 0.5.16 uses
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+    IDLE = 4
+
+
+class FakeModel:
+    """Holds what the patch touches: capture_aux_hidden_states, model.layers_to_capture, hs_dump."""
+
+    def __init__(self, model_dir):
+        from transformers import AutoModelForCausalLM
+
+        self.hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        self.capture_aux_hidden_states = False
+        self.model = SimpleNamespace(layers_to_capture=[])
+        self.hs_dump = sglang_hook.install(self, os.environ)  # what the patched __init__ does
+
+    def states(self, ids):
+        with torch.inference_mode():
+            hs = self.hf(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True).hidden_states
+        aux = [hs[i][0] for i in self.model.layers_to_capture]  # entering layer i
+        return hs[-1][0], aux
+
+    def forward(self, mode, pieces):
+        """pieces: [(rid, full_ids, prefix, n)] -> one pass; calls the hook as the patched forward does."""
+        rows_final, rows_aux, ids = [], [[] for _ in self.model.layers_to_capture], []
+        for rid, full, pre, n in pieces:
+            final, aux = self.states(full[: pre + n])  # causal: the first pre+n tokens decide these rows
+            rows_final.append(final[pre:pre + n])
+            for k, a in enumerate(aux):
+                rows_aux[k].append(a[pre:pre + n])
+            ids += list(full[pre:pre + n])
+        final = torch.cat(rows_final)
+        aux = [torch.cat(r) for r in rows_aux] if self.capture_aux_hidden_states else None
+        fb = SimpleNamespace(forward_mode=mode, rids=[p[0] for p in pieces],
+                             extend_seq_lens_cpu=[p[3] for p in pieces], extend_prefix_lens_cpu=[p[2] for p in pieces],
+                             input_ids=torch.tensor(ids, dtype=torch.int64),
+                             orig_seq_lens=torch.tensor([len(p[1]) for p in pieces], dtype=torch.int32))
+        if "graphs" not in MODES and self.hs_dump is not None:
+            self.hs_dump(fb, final, aux)
+
+
+MODES = set(filter(None, os.environ.get("FAKE_SGLANG_MODE", "").split(",")))
+
+
+class Scheduler:
+    def __init__(self, model: FakeModel, chunk: int):
+        self.model, self.chunk = model, chunk if chunk > 0 else 1 << 30
+        self.waiting, self.cv = [], threading.Condition()
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def submit(self, rid, ids) -> None:
+        done = threading.Event()
+        with self.cv:
+            self.waiting.append({"rid": rid, "ids": list(ids), "pre": 0, "done": done})
+            self.cv.notify()
+        done.wait()
+
+    def loop(self):
+        try:
+            self._loop()
+        except BaseException:  # a crashed scheduler takes the server down, as in SGLang
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+
+    def _loop(self):
+        while True:
+            with self.cv:
+                while not self.waiting:
+                    self.cv.wait()
+                time.sleep(0.005)  # let a few requests gather into one pass
+                budget, pieces, finished = self.chunk, [], []
+                for r in list(self.waiting):
+                    if budget <= 0:
+                        break
+                    n = min(len(r["ids"]) - r["pre"], budget)
+                    pieces.append((r, n))
+                    budget -= n
+            if "slow" in MODES:
+                time.sleep(0.05)
+            self.model.forward(ForwardMode.EXTEND, [(r["rid"], r["ids"], r["pre"], n) for r, n in pieces])
+            with self.cv:
+                for r, n in pieces:
+                    r["pre"] += n
+                    if r["pre"] == len(r["ids"]):
+                        self.waiting.remove(r)
+                        finished.append(r)
+            for r in finished:
+                r["done"].set()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--chunked-prefill-size", type=int, default=-1)
+    args, _unknown = ap.parse_known_args()  # every other SGLang flag is accepted and ignored
+    print("fake sglang argv:", json.dumps(sys.argv[1:]), flush=True)
+    model = FakeModel(args.model_path)
+    sched = Scheduler(model, args.chunked_prefill_size)
+    ready = threading.Event()
+    count = {"n": 0}
+
+    def warmup():  # what SGLang does at start-up: a bare 32-hex rid, an EXTEND of 3 tokens, then decodes
+        sched.submit(uuid.uuid4().hex, [1, 2, 3])
+        model.forward(ForwardMode.DECODE, [(uuid.uuid4().hex, [1, 2, 3, 4], 3, 1)])
+        ready.set()
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def reply(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path != "/health":
+                return self.reply(404, {})
+            if not ready.is_set():
+                return self.reply(503, {"status": "warming up"})
+            sched.submit(f"HEALTH_CHECK_{uuid.uuid4().hex[:8]}", [5])  # SGLang's health check is a real pass
+            self.reply(200, {})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            count["n"] += 1
+            marker = os.environ.get("FAKE_SGLANG_MARKER", "")
+            if "die_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
+                Path(marker).write_text("died")
+                os._exit(17)
+            if "flaky500" in MODES and "-r" not in req["rid"]:
+                return self.reply(500, {"error": "injected"})
+            sched.submit(req["rid"], req["input_ids"])
+            self.reply(200, {"text": "", "output_ids": [],
+                             "meta_info": {"id": req["rid"], "prompt_tokens": len(req["input_ids"]),
+                                           "cached_tokens": 7 if "cached" in MODES else 0, "completion_tokens": 0}})
+
+    srv = ThreadingHTTPServer((args.host, args.port), H)
+    threading.Thread(target=warmup, daemon=True).start()
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""backend=sglang on the CPU: server argv/env from config, enforced flags, and the whole pipeline
+(server lifecycle, client, hook, packer) against tests/fake_sglang.py."""
+import json
+import socket
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, compose
+from recipe.backends.hf import HFBackend
+from recipe.backends.sglang import check_flags, server_argv, server_env, to_flags
+from recipe.main import RunFailed, run
+from recipe.shards import ShardReader
+from recipe.shards.__main__ import verify
+
+FAKE = [sys.executable, str(ROOT / "tests" / "fake_sglang.py")]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_flags_from_yaml():
+    assert to_flags({"tp_size": 8, "disable_radix_cache": True, "enable_x": False, "attention_backend": None,
+                     "json_model_override_args": {"a": 1}}) == [
+        "--tp-size", "8", "--disable-radix-cache", "--json-model-override-args", '{"a": 1}']
+
+
+def test_server_argv_and_env(tmp_path):
+    cfg = compose(["experiment=kimi-k2.5", "output_dir=/o"])
+    argv = server_argv(cfg, tmp_path)
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    joined = " ".join(argv)
+    for flag in ("--model-path " + str(tmp_path), "--tp-size 8", "--cuda-graph-backend-prefill disabled",
+                 "--cuda-graph-backend-decode disabled", "--disable-radix-cache", "--skip-tokenizer-init",
+                 "--chunked-prefill-size 16384"):
+        assert flag in joined
+    env = server_env(cfg, tmp_path / "dump", base={})
+    assert env["SGLANG_HS_DUMP_DIR"] == str(tmp_path / "dump") and env["SGLANG_HS_LAYERS"] == "3,31,59"
+    assert env["SGLANG_HS_FINAL"] == "1" and env["SGLANG_HS_RID_PREFIX"] == "hsx-"
+    assert env["NCCL_IB_DISABLE"] == "1"  # the nvlink-node preset
+
+
+@pytest.mark.parametrize("override", ["server.args.cuda_graph_backend_prefill=full",
+                                      "server.args.cuda_graph_backend_decode=full",
+                                      "server.args.disable_radix_cache=false",
+                                      "server.extra_args=[--cuda-graph-backend-prefill,full]"])
+def test_enforced_flags(override):
+    cfg = compose(["backend=sglang", "output_dir=/o", override])
+    with pytest.raises(ValueError, match="CUDA graphs skip the Python hook"):
+        server_argv(cfg, ROOT)
+    server_argv(compose(["backend=sglang", "output_dir=/o", override, "server.allow_unsafe_flags=true"]), ROOT)
+
+
+def test_layer_zero_refused_for_sglang(tmp_path):
+    with pytest.raises(ValueError, match="layer 0"):
+        run(compose(["backend=sglang", f"output_dir={tmp_path}", "capture.layers=[0,2]"]))
+
+
+def sg_cfg(tmp_path, *extra, chunk=64):
+    return compose([
+        "backend=sglang", f"output_dir={tmp_path / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}",
+        f"server.command=[{FAKE[0]},{FAKE[1]}]", f"server.port={free_port()}", "server.ready_timeout_s=120",
+        f"server.args.chunked_prefill_size={chunk}", "client.concurrency=4", "client.backoff_s=0.05", "client.timeout_s=60",
+        "capture.dump_timeout_s=5", "log_every_s=1000", "data.limit=12", *extra])
+
+
+def reference(tiny_model_dir, ids):
+    """What the server computes for one prompt: each prefix's forward, unpadded (as fake_sglang does)."""
+    be = HFBackend(tiny_model_dir, [1, 2, 3], True, device="cpu")
+    return be.hidden_states([ids])[0]
+
+
+def test_end_to_end_with_chunked_prefill(tmp_path, tiny_model_dir):
+    counts = run(sg_cfg(tmp_path))
+    assert counts["ok"] == counts["input"] == 12 and not counts["failed"]
+    out = tmp_path / "out"
+    assert verify(out) == []
+    r = ShardReader(out)
+    long = max(r.records, key=lambda x: x["tokens"])
+    assert long["tokens"] > 64  # really went through several chunked passes
+    for rec in (long, r.records[0]):
+        got = r.get(rec["id"])
+        # rows of a chunk come from a forward over the prompt prefix: equal to the full forward
+        # (causal) up to kernel blocking; the final slot is compared at bf16 rounding
+        torch.testing.assert_close(got["hidden"].float(), reference(tiny_model_dir, got["input_ids"].numpy()).float(),
+                                   rtol=1.6e-2, atol=2e-2)
+    log = (tmp_path / "out" / "logs" / "server.log").read_text()
+    assert "--cuda-graph-backend-prefill" in log and "--disable-radix-cache" in log
+    assert not list((tmp_path / "shm").glob("run-*"))
+
+
+def test_unchunked_rows_are_bit_exact(tmp_path, tiny_model_dir):
+    run(sg_cfg(tmp_path, "data.limit=5", chunk=-1))
+    r = ShardReader(tmp_path / "out")
+    for rec in r.records:
+        got = r.get(rec["id"])
+        assert torch.equal(got["hidden"], reference(tiny_model_dir, got["input_ids"].numpy()))
+
+
+def test_missing_dumps_fail_the_run(tmp_path, monkeypatch):
+    """CUDA graphs on = the hook never runs: every sample must be reported failed, non-zero exit."""
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "graphs")
+    with pytest.raises(RunFailed, match="12 samples failed"):
+        run(sg_cfg(tmp_path, "capture.dump_timeout_s=1"))
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["counts"]["failed"] == {"no_dump": 12} and m["totals"]["samples"] == 0
+
+
+def test_retries_after_500(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "flaky500")
+    counts = run(sg_cfg(tmp_path, "data.limit=6"))
+    assert counts["ok"] == 6 and not counts["failed"]
+    assert verify(tmp_path / "out") == []
+
+
+def test_prefix_cache_hit_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "cached")
+    with pytest.raises(RunFailed):
+        run(sg_cfg(tmp_path, "data.limit=3"))
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["counts"]["failed"] == {"prefix_cache_hit": 3}
+
+
+def test_server_death_restarts_and_resends(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "die_once")
+    monkeypatch.setenv("FAKE_SGLANG_MARKER", str(tmp_path / "died"))
+    counts = run(sg_cfg(tmp_path, "data.limit=8"))
+    assert (tmp_path / "died").exists()
+    assert counts["ok"] == 8 and not counts["failed"]
+    log = (tmp_path / "out" / "logs" / "server.log").read_text()
+    assert log.count("===== start") == 2
+    assert verify(tmp_path / "out") == []
+
+
+def test_server_that_never_starts_fails_fast_with_its_log(tmp_path):
+    script = tmp_path / "bad_server.py"
+    script.write_text("print('boom: no GPU'); raise SystemExit(3)\n")
+    cfg = sg_cfg(tmp_path, f"server.command=[{sys.executable},{script}]")
+    from recipe.backends.sglang import ServerError
+
+    with pytest.raises(ServerError, match="boom: no GPU"):
+        run(cfg)

@@ -1,0 +1,168 @@
+"""The in-server hook, fed SGLang 0.5.16 ForwardBatch-shaped inputs (same field names), on the CPU."""
+import enum
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from recipe.capture import records, sglang_hook
+from recipe.capture.sglang_hook import DumpHook, install
+
+
+class ForwardMode(enum.IntEnum):  # names as in sglang.srt.model_executor.forward_batch_info
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+    IDLE = 4
+    TARGET_VERIFY = 5
+
+
+H, LAYERS = 16, [1, 3, 5]
+
+
+def batch(mode, rids, ext, pre, orig=None, seed=0):
+    T = sum(ext)
+    g = torch.Generator().manual_seed(seed)
+    fb = SimpleNamespace(forward_mode=mode, rids=rids, extend_seq_lens_cpu=ext, extend_prefix_lens_cpu=pre,
+                         input_ids=torch.randint(0, 1000, (T,), generator=g),
+                         orig_seq_lens=torch.tensor(orig if orig else [p + e for p, e in zip(pre, ext)], dtype=torch.int32))
+    final = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    aux = [torch.randn(T, H, generator=g).to(torch.bfloat16) for _ in LAYERS]
+    return fb, final, aux
+
+
+def hook(tmp_path, rank0=True, final=True, layers=LAYERS):
+    return DumpHook(tmp_path, layers, final, "hsx-", 1 << 30, queue_size=2, is_writer=lambda: rank0)
+
+
+def dumped(tmp_path):
+    out = {}
+    for f in sorted(tmp_path.glob("*.hsr")):
+        h, ids, hid = records.read_record(f)
+        out[(h["rid"], h["offset"])] = (h, ids, hid)
+    return out
+
+
+def expect_rows(fb, final, aux, row0, n):
+    want = torch.stack([a[row0:row0 + n] for a in aux] + [final[row0:row0 + n]], dim=1)
+    return want.view(torch.int16).numpy().view(np.uint16), fb.input_ids[row0:row0 + n].numpy().astype(np.int32)
+
+
+def test_three_requests_in_one_pass(tmp_path):
+    hk = hook(tmp_path)
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b", "hsx-c"], [50, 300, 7], [0, 0, 0])
+    hk(fb, final, aux)
+    hk.flush()
+    got = dumped(tmp_path)
+    assert sorted(got) == [("hsx-a", 0), ("hsx-b", 0), ("hsx-c", 0)]
+    row = 0
+    for rid, n in (("hsx-a", 50), ("hsx-b", 300), ("hsx-c", 7)):
+        h, ids, hid = got[(rid, 0)]
+        want_h, want_ids = expect_rows(fb, final, aux, row, n)
+        assert np.array_equal(hid, want_h) and np.array_equal(ids, want_ids) and h["last"] is True
+        row += n
+
+
+def test_one_request_chunked_over_three_passes(tmp_path):
+    hk = hook(tmp_path)
+    passes = [batch(ForwardMode.EXTEND, ["hsx-a"], [128], [0], [300], seed=1),
+              batch(ForwardMode.EXTEND, ["hsx-a"], [128], [128], [300], seed=2),
+              batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [44, 20], [256, 0], [300, 20], seed=3)]
+    for p in passes:
+        hk(*p)
+    hk.flush()
+    got = dumped(tmp_path)
+    assert sorted(got) == [("hsx-a", 0), ("hsx-a", 128), ("hsx-a", 256), ("hsx-b", 0)]
+    assert [got[("hsx-a", o)][0]["last"] for o in (0, 128, 256)] == [False, False, True]
+    whole = np.concatenate([got[("hsx-a", o)][2] for o in (0, 128, 256)])
+    want = np.concatenate([expect_rows(*passes[0], 0, 128)[0], expect_rows(*passes[1], 0, 128)[0],
+                           expect_rows(*passes[2], 0, 44)[0]])
+    assert np.array_equal(whole, want)
+    assert np.array_equal(got[("hsx-b", 0)][2], expect_rows(*passes[2], 44, 20)[0])
+
+
+def test_warmup_and_health_check_rids_never_dump(tmp_path):
+    hk = hook(tmp_path)
+    hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
+    hk(*batch(ForwardMode.EXTEND, ["HEALTH_CHECK_1f2e"], [1], [0]))
+    hk(*batch(ForwardMode.EXTEND, ["HEALTH_CHECK_99", "hsx-z"], [1, 9], [0, 0]))  # sharing a pass with ours
+    hk.flush()
+    assert sorted(dumped(tmp_path)) == [("hsx-z", 0)]
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.MIXED, ForwardMode.IDLE, ForwardMode.TARGET_VERIFY])
+def test_only_exact_extend_passes(tmp_path, mode):
+    hk = hook(tmp_path)
+    hk(*batch(mode, ["hsx-a"], [4], [0]))
+    hk.flush()
+    assert dumped(tmp_path) == {}
+
+
+def test_tp_rank_1_writes_nothing(tmp_path):
+    hk = hook(tmp_path, rank0=False)
+    hk(*batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [5, 6], [0, 0]))
+    hk.flush()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_attention_dp_layout(tmp_path):
+    """tp 4, dp-attention 2: attn-TP rank = tp_rank % 2; each DP group holds its own requests.
+    Exactly the attention-TP rank 0 of each group writes, and only that group's rows."""
+    dumps = []
+    for tp_rank in range(4):
+        attn_tp_rank, dp_rank = tp_rank % 2, tp_rank // 2
+        d = tmp_path / f"rank{tp_rank}"
+        d.mkdir()
+        hk = DumpHook(d, LAYERS, True, "hsx-", 1 << 30, is_writer=lambda r=attn_tp_rank: r == 0)
+        rids = [f"hsx-g{dp_rank}a", f"hsx-g{dp_rank}b"]
+        hk(*batch(ForwardMode.EXTEND, rids, [3, 4], [0, 0], seed=dp_rank))
+        hk.flush()
+        dumps.append(sorted(r for r, _ in dumped(d)))
+    assert dumps == [["hsx-g0a", "hsx-g0b"], [], ["hsx-g1a", "hsx-g1b"], []]
+
+
+def test_install_sets_exact_layers_and_no_plus_one(tmp_path):
+    model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
+    env = sglang_hook.env_for(tmp_path, [1, 31, 59], True, "hsx-", 1 << 20)
+    hk = install(model, env)
+    assert model.capture_aux_hidden_states is True
+    assert model.model.layers_to_capture == [1, 31, 59]  # set_eagle3_layers_to_capture would give [2, 32, 60]
+    assert hk.layers == [1, 31, 59] and hk.final
+    assert install(model, {}) is None  # no dump dir: the patched model is unchanged upstream SGLang
+
+
+def test_install_refuses_layer_zero(tmp_path):
+    model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
+    with pytest.raises(ValueError, match="layer 0"):
+        install(model, sglang_hook.env_for(tmp_path, [0, 2], True, "hsx-", 1 << 20))
+
+
+def test_final_only_capture(tmp_path):
+    hk = hook(tmp_path, layers=[])
+    fb, final, _ = batch(ForwardMode.EXTEND, ["hsx-a"], [5], [0])
+    hk(fb, final, None)
+    hk.flush()
+    (h, _, hid), = dumped(tmp_path).values()
+    assert hid.shape == (5, 1, H) and np.array_equal(hid[:, 0], final.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_errors_leave_a_marker_not_a_dead_server(tmp_path):
+    hk = hook(tmp_path)
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [5, 5], [0, 0])
+    hk(fb, final, aux[:2])  # one capture missing: the model and config disagree
+    hk.flush()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hsx-a.err", "hsx-b.err"]
+    assert "captured 2 layers" in (tmp_path / "hsx-a.err").read_text()
+
+
+def test_padding_rows_are_ignored(tmp_path):
+    """DP/graph padding can append rows past sum(extend_seq_lens)."""
+    hk = hook(tmp_path)
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a"], [6], [0])
+    pad = lambda t: torch.cat([t, torch.zeros((2,) + tuple(t.shape[1:]), dtype=t.dtype)])
+    fb.input_ids = pad(fb.input_ids)
+    hk(fb, pad(final), [pad(a) for a in aux])
+    hk.flush()
+    (h, ids, hid), = dumped(tmp_path).values()
+    assert hid.shape[0] == 6 and np.array_equal(hid, expect_rows(fb, final, aux, 0, 6)[0])
