@@ -161,7 +161,13 @@ def run(cfg: DictConfig) -> dict:
         return {"input": plan.input, "planned": len(plan.samples), "dry_run": True}
 
     # 3. backend + capture + packer, side by side
-    dump_dir = make_dump_dir(cfg.capture.dump_dir)
+    external = cfg.backend.name == "sglang" and not cfg.server.launch
+    if external:  # the running server was started with SGLANG_HS_DUMP_DIR = capture.dump_dir itself
+        dump_dir = Path(cfg.capture.dump_dir)
+        if not dump_dir.is_dir():
+            raise FileNotFoundError(f"server.launch=false but capture.dump_dir={dump_dir} does not exist")
+    else:
+        dump_dir = make_dump_dir(cfg.capture.dump_dir)
     budget = int(cfg.capture.budget_gb * (1 << 30))
     progress = Progress(len(todo), cfg.log_every_s, dump_dir, budget)
     packer = Packer(dump_dir, store, Codec(cfg.shards.zstd_level, cfg.shards.transform), cap["slots"],
@@ -187,7 +193,8 @@ def run(cfg: DictConfig) -> dict:
             interrupted = "interrupted"
         finally:
             packer.stop()
-            shutil.rmtree(dump_dir, ignore_errors=True)
+            if not external:
+                shutil.rmtree(dump_dir, ignore_errors=True)
     progress.maybe_log(force=True)
 
     # 4. manifest and accounting: ok + skipped + failed (+ not done, if interrupted) = input

@@ -34,6 +34,7 @@ class BackendConfig:
 @dataclass
 class ServerConfig:
     command: List[str] = field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"])
+    launch: bool = True  # false: use a server already running at host:port (started with the same capture env)
     host: str = "127.0.0.1"
     port: int = 30000
     args: Dict[str, Any] = field(default_factory=dict)  # snake_case keys -> --kebab-case flags

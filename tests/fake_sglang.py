@@ -177,9 +177,12 @@ def main():
             if "flaky500" in MODES and "-r" not in req["rid"]:
                 return self.reply(500, {"error": "injected"})
             sched.submit(req["rid"], req["input_ids"])
-            self.reply(200, {"text": "", "output_ids": [],
-                             "meta_info": {"id": req["rid"], "prompt_tokens": len(req["input_ids"]),
-                                           "cached_tokens": 7 if "cached" in MODES else 0, "completion_tokens": 0}})
+            meta = {"id": req["rid"], "prompt_tokens": len(req["input_ids"]),
+                    "cached_tokens": 7 if "cached" in MODES else 0, "completion_tokens": 0}
+            if req.get("return_hidden_states"):  # as SGLang with aux capture on: the aux concatenation [T, K*H]
+                final, aux = model.states(req["input_ids"])
+                meta["hidden_states"] = [torch.cat(aux, dim=-1).float().tolist() if aux else final.float().tolist()]
+            self.reply(200, {"text": "", "output_ids": [], "meta_info": meta})
 
     srv = ThreadingHTTPServer((args.host, args.port), H)
     threading.Thread(target=warmup, daemon=True).start()

@@ -174,12 +174,27 @@ class SGLangBackend:
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
 
     def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
-        self.server.start()
-        self.server.wait_ready()
+        if self.cfg.server.launch:
+            self.server.start()
+            self.server.wait_ready()
+        else:
+            self._wait_external()
         asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
 
+    def _wait_external(self) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.cfg.server.ready_timeout_s:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"no healthy server at {self.url} (server.launch=false)")
+
     def close(self) -> None:
-        self.server.stop()
+        if self.cfg.server.launch:
+            self.server.stop()
 
     # -- client --------------------------------------------------------------------------------
     async def _send_all(self, samples, packer, rid_of, should_stop) -> None:
@@ -245,7 +260,7 @@ class SGLangBackend:
     async def _ensure_server(self) -> None:
         """A dead server is restarted (up to server.max_restarts); past that the run stops."""
         async with self._restart_lock:
-            if self.server.alive():
+            if not self.cfg.server.launch or self.server.alive():
                 return
             if self.restarts >= self.cfg.server.max_restarts:
                 raise ServerError(f"server died {self.restarts + 1} times (server.max_restarts="

@@ -1,0 +1,189 @@
+"""Extraction throughput against plain prefill, one server per arm, same flags in every arm.
+
+  (a) plain     patched SGLang with the dump off (= upstream behaviour), no packer
+  (b) dump      dump to /dev/shm, the recipe's packer compressing and appending durable shards
+  (c) capture   dump on but the hook's writer disabled (capture + D2H copy only): splits b's cost
+
+Every arm sends the same prompts with the recipe's own async client (max_new_tokens 0), after an
+untimed warm-up. Prints one JSON object (also written to --out).
+
+  python bench/prefill.py --model-dir /tmp/llama8b-shape --samples 300 --out bench.json   # GPU host
+  python bench/prefill.py --fake --samples 20                                              # CPU plumbing check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import compose  # noqa: E402
+from recipe.backends.sglang import SGLangBackend  # noqa: E402
+from recipe.capture import records  # noqa: E402
+from recipe.data import Sample  # noqa: E402
+from recipe.packer import Packer, Progress  # noqa: E402
+from recipe.shards.codec import Codec  # noqa: E402
+from recipe.shards.store import ShardStore  # noqa: E402
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=16384, rms_norm_eps=1e-5,
+                rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16",
+                architectures=["LlamaForCausalLM"], model_type="llama", bos_token_id=128000, eos_token_id=128001,
+                hidden_act="silu")
+
+
+class NullPacker:
+    """Arms a and c: the server writes nothing, so nothing is waited for."""
+
+    def expect(self, rid, s): pass
+    def responded(self, rid): pass
+    def forget(self, rid): pass
+
+    def fail(self, rid, reason):
+        raise RuntimeError(f"{rid}: {reason}")
+
+
+def make_samples(n, lo, hi, vocab, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        ids = rng.integers(100, vocab - 100, int(rng.integers(lo, hi + 1))).astype(np.int32)
+        out.append(Sample(id=f"b{seed}-{i:06d}", input_ids=ids, loss_mask=np.ones(len(ids), np.uint8),
+                          source="bench", key=f"k{seed}-{i}"))
+    return out
+
+
+def arm(name, args, model_dir, samples, warm):
+    dump_parent = Path(args.shm) / f"bench-{name}"
+    shutil.rmtree(dump_parent, ignore_errors=True)
+    dump_parent.mkdir(parents=True)
+    over = [f"backend=sglang", f"output_dir={args.work}/out-{name}", f"capture.dump_dir={dump_parent}",
+            "model.num_layers=32", "model.hidden_size=4096", "model.default_layers=[2,16,29]",
+            f"server.port={args.port}", "server.ready_timeout_s=600", f"client.concurrency={args.concurrency}",
+            f"server.args.mem_fraction_static={args.mem_fraction}", f"server.args.chunked_prefill_size={args.chunk}",
+            f"server.args.attention_backend={args.attention_backend}", f"capture.budget_gb={args.budget_gb}",
+            f"shards.workers={args.workers}", f"shards.zstd_level={args.level}", "capture.dump_timeout_s=120"]
+    if args.fake:
+        over += [f"server.command=[{sys.executable},{ROOT / 'tests' / 'fake_sglang.py'}]", "model.num_layers=4",
+                 "model.hidden_size=64", "model.default_layers=[1,2,3]"]
+    else:
+        over += ["+server.args.load_format=dummy"]
+    cfg = compose(over)
+    be = SGLangBackend(cfg, model_dir, dump_parent, run_dir=Path(args.work) / f"logs-{name}")
+    if name == "plain":
+        for k in list(be.server.env):
+            if k.startswith("SGLANG_HS_"):
+                del be.server.env[k]
+    if name == "capture":
+        be.server.env["SGLANG_HS_NO_WRITE"] = "1"
+    result = {"arm": name}
+    peak = {"bytes": 0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak["bytes"] = max(peak["bytes"], records.dir_bytes(dump_parent))
+            time.sleep(0.05)
+
+    try:
+        t0 = time.monotonic()
+        be.server.start()
+        result["server_ready_s"] = round(be.server.wait_ready(), 1)
+        be.cfg.server.launch = False  # already up: run() must not start another
+        be.run(warm, NullPacker(), None, lambda s: f"warm-{s.id}")  # untimed; rid without the prefix: no dump
+        out = Path(args.work) / f"out-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        if name == "dump":
+            store = ShardStore(out, {"format": "bench", "model_fingerprint": "dummy", "capture": {}})
+            packer = Packer(dump_parent, store, Codec(args.level, args.transform), ["l2", "l16", "l29", "final"],
+                            workers=args.workers, dump_timeout_s=120, progress=Progress(len(samples), 5.0)).start()
+        else:
+            packer = NullPacker()
+        threading.Thread(target=watch, daemon=True).start()
+        t0 = time.monotonic()
+        be.run(samples, packer, None, lambda s: f"hsx-{s.id}")
+        t_client = time.monotonic() - t0
+        if name == "dump":
+            packer.drain(timeout_s=600)
+            t_all = time.monotonic() - t0
+            packer.stop()
+            tot = store.write_manifest({})["totals"]
+            store.close()
+            result.update(stored=tot, ratio=round(tot["raw_bytes"] / tot["stored_bytes"], 4),
+                          bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1), failed=dict(packer.failed),
+                          ok=packer.ok)
+        else:
+            t_all = t_client
+        tokens = sum(len(s.input_ids) for s in samples)
+        result.update(samples=len(samples), tokens=tokens, client_s=round(t_client, 3), total_s=round(t_all, 3),
+                      tokens_per_s=round(tokens / t_all, 1), samples_per_s=round(len(samples) / t_all, 3),
+                      tokens_per_s_client=round(tokens / t_client, 1), peak_dump_bytes=peak["bytes"],
+                      client=be.stats)
+    finally:
+        stop.set()
+        be.server.stop()
+        shutil.rmtree(dump_parent, ignore_errors=True)
+        shutil.rmtree(Path(args.work) / f"out-{name}", ignore_errors=True)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", default="/tmp/llama8b-shape")
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=32)
+    ap.add_argument("--min-len", type=int, default=512)
+    ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--arms", default="plain,dump,capture")
+    ap.add_argument("--attention-backend", default="flashinfer")
+    ap.add_argument("--mem-fraction", type=float, default=0.85)
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--budget-gb", type=float, default=16)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--level", type=int, default=3)
+    ap.add_argument("--transform", default="byteplane")
+    ap.add_argument("--port", type=int, default=32000)
+    ap.add_argument("--shm", default="/dev/shm")
+    ap.add_argument("--work", default="/tmp/bench")
+    ap.add_argument("--out")
+    ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
+    args = ap.parse_args()
+    if args.fake:
+        from recipe.tiny import materialize
+
+        model_dir, vocab = materialize("tiny-llama"), 256
+    else:
+        model_dir, vocab = Path(args.model_dir), LLAMA_8B["vocab_size"]
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(LLAMA_8B))
+    samples = make_samples(args.samples, args.min_len, args.max_len, vocab, seed=1)
+    warm = make_samples(args.warmup, args.min_len, args.max_len, vocab, seed=2)
+    res = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "arms": {}}
+    for name in args.arms.split(","):
+        res["arms"][name] = arm(name, args, model_dir, samples, warm)
+        if args.out:
+            Path(args.out).write_text(json.dumps(res, indent=2))
+    a = res["arms"].get("plain")
+    if a:
+        for k in ("dump", "capture"):
+            if k in res["arms"]:
+                res[f"{k}/plain"] = round(res["arms"][k]["tokens_per_s"] / a["tokens_per_s"], 4)
+    print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU proof on an offline H100/H200 (this workplace's `device` tool; any GPU host works the same).
+# Wheels come in folders (shared/gpu/stage-sglang-wheels.sh -> .gpu-wheels/a, b; the recipe's own
+# pure-Python needs -> .gpu-wheels/r), each installed once into /tmp/site.
+#   bash tests/gpu/device.sh install    # install whatever wheel folders came along
+#   bash tests/gpu/device.sh proof      # patch SGLang in /tmp/site, run tests/gpu -> $OUT/{report.json,pytest.log,servers.log}
+#   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT" /tmp/site
+for d in a b r; do
+  if [ -d .gpu-wheels/$d ] && [ ! -e /tmp/site/.installed-$d ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu-wheels/$d/*.whl \
+      && touch /tmp/site/.installed-$d && echo "installed wheel folder $d"
+  fi
+done
+python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" || exit 0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -m recipe.patch apply --site-packages /tmp/site > "$OUT/patch.json" || { cat "$OUT/patch.json"; exit 1; }
+case "${1:-install}" in
+  proof)
+    GPU_REPORT="$OUT/report.json" GPU_WORK=/tmp/gpu-proof timeout 560 python3 -m pytest -q tests/gpu -p no:cacheprovider \
+      -o timeout=900 -rA 2>&1 | tee "$OUT/pytest.log" | grep -E "PASS|FAIL|SKIP|ERROR|passed|failed" ;
+    for f in /tmp/gpu-proof/server-*.log; do echo "=== $f"; tail -n 150 "$f"; done > "$OUT/servers.log" 2>&1 ;;
+  bench)
+    timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
+    for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;
+esac

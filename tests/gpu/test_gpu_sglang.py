@@ -1,0 +1,264 @@
+"""The SGLang path on a real GPU with the real (patched) SGLang 0.5.16. Skipped without CUDA + SGLang.
+
+Run (GPU host, SGLang importable, the patch applied):
+    GPU_REPORT=/tmp/gpu_report.json python -m pytest -q tests/gpu -s
+
+Two tiny models with *real* random weights (safetensors, built by recipe.tiny on this machine) are
+served by SGLang and compared with the HF backend on the same weights. Every figure the tests
+measure goes into GPU_REPORT (JSON), written after each test.
+
+Tolerance (bf16): per sample and slot, relative L2 error ||sglang - hf|| / ||hf|| <= 0.05. SGLang and
+HF use different kernels (fused RMSNorm/residual, triton attention, MLA absorption), so they agree
+to bf16 rounding, not bitwise; the bugs this guards against (a layer off by one, pre- vs post-norm,
+rows of the wrong request) give errors of order 1, and the off-by-one check below makes the layer
+convention explicit. The dump itself is compared bit for bit with SGLang's own return_hidden_states.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose
+from recipe.backends.sglang import Server, server_argv, server_env
+from recipe.capture import records
+from recipe.main import RunFailed, run
+from recipe.shards import ShardReader
+from recipe.shards.__main__ import verify
+from recipe.tiny import materialize
+
+pytestmark = pytest.mark.gpu
+# GPU_FAKE=1: a CPU dry run of this module's plumbing against tests/fake_sglang.py (proves nothing about SGLang)
+FAKE = os.environ.get("GPU_FAKE") == "1"
+HAVE = FAKE or (torch.cuda.is_available() and __import__("importlib").util.find_spec("sglang") is not None)
+DEVICE = "cpu" if FAKE else "cuda"
+if not HAVE:
+    pytest.skip("needs CUDA and SGLang 0.5.16 (the GPU proof; see tests/gpu/README.md)", allow_module_level=True)
+
+TOL_REL_L2 = 0.05
+WORK = Path(os.environ.get("GPU_WORK", "/tmp/gpu-proof"))
+REPORT_PATH = Path(os.environ.get("GPU_REPORT", WORK / "report.json"))
+MODELS = {  # builtin name, capture layers (residual stream entering these layers), layers, hidden
+    "llama": ("tiny-llama-256", [1, 3, 5], 6, 256),
+    "deepseek": ("tiny-deepseek-v3", [1, 2, 3], 4, 256),
+}
+REPORT: dict = {"tolerance_rel_l2": TOL_REL_L2, "fake": FAKE,
+                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                "gpus": torch.cuda.device_count()}
+
+
+def save_report():
+    REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    REPORT_PATH.write_text(json.dumps(REPORT, indent=2, default=str))
+
+
+def cfg_for(kind, port, out, *extra, launch=False, dump_dir=None):
+    name, layers, n, h = MODELS[kind]
+    return compose([
+        "backend=sglang", f"model.name={name}", f"model.path={WORK / 'models' / name}", f"model.num_layers={n}",
+        f"model.hidden_size={h}", f"model.default_layers={layers}", f"output_dir={out}",
+        f"capture.dump_dir={dump_dir or WORK / 'shm' / kind}", f"server.port={port}", f"server.launch={str(launch).lower()}",
+        "server.args.attention_backend=triton", "+server.args.sampling_backend=pytorch",
+        "+server.args.grammar_backend=none", "server.args.mem_fraction_static=0.3",
+        "+server.args.max_total_tokens=65536", "server.args.chunked_prefill_size=256",
+        "+server.args.enable_return_hidden_states=true", "server.ready_timeout_s=420", "client.concurrency=16",
+        "capture.dump_timeout_s=30", "log_every_s=5", *extra])
+
+
+class Running:
+    def __init__(self, kind, port, *extra, tp=1, fake_mode=""):
+        self.kind, self.port = kind, port
+        self.dump = WORK / "shm" / f"{kind}-{port}"
+        shutil.rmtree(self.dump, ignore_errors=True)
+        self.dump.mkdir(parents=True)
+        materialize(MODELS[kind][0], WORK / "models" / MODELS[kind][0])
+        if FAKE:
+            import sys
+
+            extra = (*extra, f"server.command=[{sys.executable},{Path(__file__).parent.parent / 'fake_sglang.py'}]")
+        self.cfg = cfg_for(kind, port, WORK / "unused", f"server.args.tp_size={tp}", *extra, launch=True,
+                           dump_dir=self.dump)
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = WORK / f"server-{kind}-{port}.log"
+        env = server_env(self.cfg, self.dump)
+        if FAKE:
+            env["FAKE_SGLANG_MODE"] = fake_mode
+        self.server = Server(server_argv(self.cfg, WORK / "models" / MODELS[kind][0]), env, self.log, self.url, 420)
+
+    def __enter__(self):
+        self.server.start()
+        self.ready_s = self.server.wait_ready()
+        return self
+
+    def __exit__(self, *a):
+        self.server.stop()
+
+    def recipe(self, out, *extra):
+        return run(cfg_for(self.kind, self.port, out, *extra, dump_dir=self.dump))
+
+
+@pytest.fixture(scope="module", params=["llama", "deepseek"])
+def served(request):
+    kind = request.param
+    with Running(kind, {"llama": 31000, "deepseek": 31100}[kind]) as srv:
+        REPORT.setdefault(kind, {})["server_ready_s"] = round(srv.ready_s, 1)
+        # the server's own warm-up ran before /health said 200; health checks run real passes too
+        for _ in range(3):
+            httpx.get(srv.url + "/health", timeout=30)
+        time.sleep(1.0)
+        REPORT[kind]["dump_files_after_warmup_and_health"] = sorted(p.name for p in srv.dump.iterdir())
+        yield srv
+
+
+def hf_reference(kind):
+    from recipe.backends.hf import HFBackend
+
+    name, layers, n, _ = MODELS[kind]
+    return HFBackend(WORK / "models" / name, list(range(n)), True, device=DEVICE)  # all layers: for the off-by-one check
+
+
+def compare(reader, be, layers, ids=None):
+    """Per slot: worst rel-L2, max-abs, mean-abs over samples; and which HF index each slot matches best."""
+    stats = {"rel_l2": [], "max_abs": [], "mean_abs": [], "best_index": []}
+    for rid in ids or reader.ids:
+        x = reader.get(rid)
+        ref_all = be.hidden_states([x["input_ids"].numpy()])[0].float()  # [T, n+1, H]: hs[0..n-1] + final
+        got = x["hidden"].float()
+        ref = torch.cat([ref_all[:, layers], ref_all[:, -1:]], dim=1)
+        d = got - ref
+        stats["rel_l2"].append((d.norm(dim=(0, 2)) / ref.norm(dim=(0, 2))).tolist())
+        stats["max_abs"].append(d.abs().amax(dim=(0, 2)).tolist())
+        stats["mean_abs"].append(d.abs().mean(dim=(0, 2)).tolist())
+        # which HF hidden_states index is each captured slot closest to? (layer convention, directly)
+        best = [int(((got[:, s:s + 1] - ref_all[:, :-1]).norm(dim=(0, 2))).argmin()) for s in range(len(layers))]
+        stats["best_index"].append(best)
+    worst = {k: np.max(np.asarray(v), axis=0).round(6).tolist() for k, v in stats.items() if k != "best_index"}
+    worst["mean_of_mean_abs"] = np.mean(np.asarray(stats["mean_abs"]), axis=0).round(6).tolist()
+    worst["best_index_per_slot"] = sorted({tuple(b) for b in stats["best_index"]})
+    return worst
+
+
+def test_fidelity_against_hf(served, tmp_path):
+    kind = served.kind
+    _, layers, _, _ = MODELS[kind]
+    out = WORK / f"out-{kind}-batched"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.time()
+    counts = served.recipe(out)
+    REPORT[kind]["batched_run"] = {"counts": counts, "seconds": round(time.time() - t0, 2)}
+    assert counts["ok"] == counts["input"] == 40 and not counts["failed"]
+    assert verify(out) == []
+    reader = ShardReader(out)
+    REPORT[kind]["chunked_samples"] = sum(r["tokens"] > 256 for r in reader.records)
+    worst = compare(reader, hf_reference(kind), layers)
+    REPORT[kind]["fidelity_vs_hf"] = worst
+    REPORT[kind]["slots"] = reader.manifest["capture"]["slots"]
+    REPORT[kind]["patch"] = reader.manifest["backend"]["patch"]
+    save_report()
+    assert all(e <= TOL_REL_L2 for e in worst["rel_l2"]), worst
+    assert worst["best_index_per_slot"] == [tuple(layers)], "a captured slot matches another HF index: convention broken"
+    assert served.dump.exists() and not list(served.dump.iterdir())  # nothing left behind on the RAM disk
+    assert REPORT[kind]["dump_files_after_warmup_and_health"] == []
+
+
+def test_dump_equals_return_hidden_states(served):
+    """SGLang's own return_hidden_states gives the aux concatenation [T, K*H]: the dump must equal it bit for bit."""
+    kind = served.kind
+    K = len(MODELS[kind][1])
+    rng = np.random.default_rng(0)
+    results = []
+    for k, n in enumerate((17, 200, 700)):  # 700 > chunked_prefill_size: several passes
+        ids = rng.integers(0, 256, n).tolist()
+        rid = f"hsx-xcheck-{kind}-{k}"
+        r = httpx.post(served.url + "/generate", json={"input_ids": ids, "rid": rid, "return_hidden_states": True,
+                                                      "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+                       timeout=120).json()
+        native = np.asarray(r["meta_info"]["hidden_states"][0], dtype=np.float32)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            pieces = sorted(served.dump.glob(f"{rid}.*.hsr"))
+            if sum(records.read_record(p)[0]["n"] for p in pieces) >= n:
+                break
+            time.sleep(0.2)
+        parts = [records.read_record(p) for p in pieces]
+        hid = np.concatenate([x[2] for x in parts])  # [T, K+1, H] bf16 bits
+        ids_dumped = np.concatenate([x[1] for x in parts])
+        aux = torch.from_numpy(hid[:, :K].astype(np.int16)).view(torch.bfloat16).float().reshape(n, -1).numpy()
+        res = {"tokens": n, "pieces": len(parts), "native_shape": list(native.shape), "dump_shape": list(aux.shape)}
+        if native.shape == aux.shape:
+            res["max_abs_diff"] = float(np.abs(native - aux).max())
+            res["bit_equal"] = bool(np.array_equal(native, aux))
+        results.append(res)
+        assert np.array_equal(ids_dumped, np.asarray(ids, np.int32))
+        for p in pieces:
+            p.unlink()
+    REPORT[kind]["dump_vs_return_hidden_states"] = results
+    save_report()
+    assert all(r.get("bit_equal") for r in results), results
+
+
+def test_batched_equals_one_at_a_time(served):
+    kind = served.kind
+    out1 = WORK / f"out-{kind}-single"
+    shutil.rmtree(out1, ignore_errors=True)
+    served.recipe(out1, "client.concurrency=1", "data.limit=12")
+    single, batched = ShardReader(out1), ShardReader(WORK / f"out-{kind}-batched")
+    diffs, identical = [], 0
+    for sid in single.ids:
+        a, b = single.get(sid)["hidden"].float(), batched.get(sid)["hidden"].float()
+        identical += bool(torch.equal(a, b))
+        diffs.append(((a - b).norm() / b.norm()).item())
+    REPORT[kind]["batched_vs_single"] = {"samples": len(diffs), "bit_identical": identical,
+                                         "worst_rel_l2": max(diffs), "chunked": sum(r["tokens"] > 256 for r in single.records)}
+    save_report()
+    assert len(diffs) == 12 and max(diffs) <= TOL_REL_L2
+
+
+def test_cuda_graphs_on_are_caught(tmp_path):
+    """The silent-failure guard: prefill+decode CUDA graphs forced on (the hook cannot run on replay).
+    Every sample must end up stored-and-correct or reported failed, and the run must exit non-zero."""
+    kind = "llama"
+    with Running(kind, 31900, "server.allow_unsafe_flags=true", "server.args.cuda_graph_backend_prefill=full",
+                 "server.args.cuda_graph_backend_decode=full", fake_mode="graphs") as srv:
+        out = WORK / "out-graphs"
+        shutil.rmtree(out, ignore_errors=True)
+        failed = None
+        try:
+            counts = srv.recipe(out, "capture.dump_timeout_s=10")
+        except RunFailed as e:
+            failed = str(e)
+        m = json.loads((out / "manifest.json").read_text())
+        c = m["counts"]
+        REPORT["cuda_graphs_on"] = {"run_failed": failed, "counts": c}
+        stored = ShardReader(out)
+        if len(stored):
+            REPORT["cuda_graphs_on"]["stored_fidelity"] = compare(stored, hf_reference(kind), MODELS[kind][1])
+        save_report()
+        assert c["ok"] + sum(c["failed"].values()) == c["input"]
+        assert set(c["failed"]) <= {"no_dump", "incomplete_dump"}
+        assert (failed is not None) == bool(c["failed"])  # non-zero exit exactly when something is missing
+        assert c["failed"], "prefill graphs replayed nothing? then this test proves nothing"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs two GPUs")
+def test_tp2_writes_once_and_equals_tp1():
+    kind = "deepseek"
+    with Running(kind, 31950, "+server.args.enforce_disable_flashinfer_allreduce_fusion=true", tp=2) as srv:
+        out = WORK / "out-tp2"
+        shutil.rmtree(out, ignore_errors=True)
+        counts = srv.recipe(out, "data.limit=12")
+        tp2, tp1 = ShardReader(out), ShardReader(WORK / f"out-{kind}-batched")
+        diffs = [((tp2.get(s)["hidden"].float() - tp1.get(s)["hidden"].float()).norm() / tp1.get(s)["hidden"].float().norm()).item()
+                 for s in tp2.ids]
+        REPORT["tp2"] = {"counts": counts, "index_records": len(tp2.records), "unique_ids": len(set(tp2.ids)),
+                         "worst_rel_l2_vs_tp1": max(diffs), "bit_identical": sum(d == 0 for d in diffs)}
+        save_report()
+        assert counts["ok"] == 12 and len(tp2.records) == len(set(tp2.ids)) == 12
+        assert max(diffs) <= TOL_REL_L2
