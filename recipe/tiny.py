@@ -34,7 +34,10 @@ SPECS = {
                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
                              first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
                              n_shared_experts=1, n_group=1, topk_group=1, kv_lora_rank=512, q_lora_rank=256,
-                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                             # keys real DeepSeek-V3 config.json files carry and SGLang reads
+                             moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
+                             norm_topk_prob=True, routed_scaling_factor=2.5),
 }
 
 

@@ -192,9 +192,12 @@ def test_dump_equals_return_hidden_states(served):
         ids_dumped = np.concatenate([x[1] for x in parts])
         aux = torch.from_numpy(hid[:, :K].astype(np.int16)).view(torch.bfloat16).float().reshape(n, -1).numpy()
         res = {"tokens": n, "pieces": len(parts), "native_shape": list(native.shape), "dump_shape": list(aux.shape)}
-        if native.shape == aux.shape:
-            res["max_abs_diff"] = float(np.abs(native - aux).max())
-            res["bit_equal"] = bool(np.array_equal(native, aux))
+        # SGLang 0.5.16 returns hidden states of the *last* prefill chunk only (seen: 188 of 700 rows with
+        # chunked_prefill_size 256); the dump holds every row, so compare the rows SGLang returns.
+        tail = aux[-native.shape[0]:]
+        res["compared_rows"] = int(native.shape[0])
+        res["max_abs_diff"] = float(np.abs(native - tail).max())
+        res["bit_equal"] = bool(native.shape[1:] == tail.shape[1:] and np.array_equal(native, tail))
         results.append(res)
         assert np.array_equal(ids_dumped, np.asarray(ids, np.int32))
         for p in pieces:
@@ -225,7 +228,9 @@ def test_cuda_graphs_on_are_caught(tmp_path):
     """The silent-failure guard: prefill+decode CUDA graphs forced on (the hook cannot run on replay).
     Every sample must end up stored-and-correct or reported failed, and the run must exit non-zero."""
     kind = "llama"
-    with Running(kind, 31900, "server.allow_unsafe_flags=true", "server.args.cuda_graph_backend_prefill=full",
+    # prefill "breakable" is SGLang 0.5.16's own default when the flag is left out (the realistic mistake);
+    # "full" for prefill is rejected by SGLang itself for these models (Invalid forward mode EXTEND).
+    with Running(kind, 31900, "server.allow_unsafe_flags=true", "server.args.cuda_graph_backend_prefill=breakable",
                  "server.args.cuda_graph_backend_decode=full", fake_mode="graphs") as srv:
         out = WORK / "out-graphs"
         shutil.rmtree(out, ignore_errors=True)
@@ -244,6 +249,8 @@ def test_cuda_graphs_on_are_caught(tmp_path):
         assert c["ok"] + sum(c["failed"].values()) == c["input"]
         assert set(c["failed"]) <= {"no_dump", "incomplete_dump"}
         assert (failed is not None) == bool(c["failed"])  # non-zero exit exactly when something is missing
+        if len(stored):  # whatever was stored must be right: no hole filled with garbage
+            assert all(e <= TOL_REL_L2 for e in REPORT["cuda_graphs_on"]["stored_fidelity"]["rel_l2"])
         assert c["failed"], "prefill graphs replayed nothing? then this test proves nothing"
 
 
