@@ -21,7 +21,7 @@ python3 -m recipe.patch apply --site-packages /tmp/site > "$OUT/patch.json" || {
 case "${1:-install}" in
   proof)
     GPU_REPORT="$OUT/report.json" GPU_WORK=/tmp/gpu-proof timeout 560 python3 -m pytest -q tests/gpu -p no:cacheprovider \
-      -o timeout=900 -rA 2>&1 | tee "$OUT/pytest.log" | grep -E "PASS|FAIL|SKIP|ERROR|passed|failed" ;
+      -o timeout=900 -rA "${@:2}" 2>&1 | tee "$OUT/pytest.log" | grep -E "PASS|FAIL|SKIP|ERROR|passed|failed" ;
     for f in /tmp/gpu-proof/server-*.log; do echo "=== $f"; tail -n 150 "$f"; done > "$OUT/servers.log" 2>&1 ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
