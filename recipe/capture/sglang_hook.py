@@ -118,8 +118,12 @@ class DumpHook:
             if p.shape[0] < T:  # e.g. attention-TP scattered states: refuse rather than write garbage
                 raise RuntimeError(f"hidden states have {p.shape[0]} rows for {T} tokens in the pass")
         stacked = torch.stack([p[:T] for p in parts], dim=1)  # [T, slots, H]: one tensor, one copy
-        ids = fb.input_ids[:T]
+        # Snapshot in stream order: SGLang refills its input buffers for the next batch (overlap
+        # scheduling) before a side-stream copy of the original views would run. Seen on an H200:
+        # without these clones the dumped ids belonged to the next batch.
+        ids = fb.input_ids[:T].clone()
         orig = getattr(fb, "orig_seq_lens", None)
+        orig = orig.clone() if orig is not None else None
         if stacked.is_cuda:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=stacked.device)
