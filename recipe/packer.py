@@ -77,12 +77,14 @@ def _read_header(path: Path) -> dict:
 
 
 def check_hidden(h: np.ndarray) -> str | None:
-    """bf16 bits [T, slots, H]: a reason if any value is NaN/Inf or any slot is all zeros."""
-    if ((h & 0x7F80) == 0x7F80).any():
+    """bf16 bits [T, slots, H]: a reason if any value is NaN/Inf or any slot is all zeros.
+    One pass: |x| as bits (sign cleared), max per slot. Exponent all ones (>= 0x7F80) = Inf/NaN;
+    a max of 0 = every value in the slot is +-0."""
+    peak = np.bitwise_and(h, 0x7FFF).max(axis=(0, 2))
+    if (peak >= 0x7F80).any():
         return "non_finite"
-    zero_slots = ~((h & 0x7FFF) != 0).any(axis=(0, 2))
-    if zero_slots.any():
-        return f"all_zero_slot_{int(np.argmax(zero_slots))}"
+    if (peak == 0).any():
+        return f"all_zero_slot_{int(np.argmax(peak == 0))}"
     return None
 
 

@@ -26,10 +26,15 @@ class CorruptRecord(ValueError):
     """A stored sample fails its checksum or cannot be decoded."""
 
 
-def to_planes(buf: np.ndarray) -> np.ndarray:
-    """[n] 16-bit -> [2n] bytes: high bytes first (little-endian input)."""
+def planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[n] 16-bit little-endian words -> (high bytes, low bytes), each contiguous."""
     b = buf.view(np.uint8).reshape(-1, 2)
-    return np.concatenate([b[:, 1], b[:, 0]])
+    return np.ascontiguousarray(b[:, 1]), np.ascontiguousarray(b[:, 0])
+
+
+def to_planes(buf: np.ndarray) -> np.ndarray:
+    """[n] 16-bit -> [2n] bytes: high bytes first."""
+    return np.concatenate(planes(buf))
 
 
 def from_planes(raw: memoryview | bytes, n_items: int) -> np.ndarray:
@@ -58,16 +63,20 @@ class Codec:
             if arr.dtype != DTYPES[dtype]:
                 arr = arr.view(DTYPES[dtype]) if arr.itemsize == np.dtype(DTYPES[dtype]).itemsize else arr.astype(DTYPES[dtype])
             transform = self.transform if arr.itemsize == 2 else "none"
-            data = to_planes(arr.reshape(-1)) if transform == "byteplane" else arr.reshape(-1).view(np.uint8)
+            data = list(planes(arr.reshape(-1))) if transform == "byteplane" else [arr.reshape(-1).view(np.uint8)]
+            nbytes = sum(d.nbytes for d in data)
             specs.append({"name": name, "dtype": dtype, "shape": list(arr.shape), "offset": off,
-                          "nbytes": int(data.nbytes), "transform": transform})
-            parts.append(data)
-            off += data.nbytes
+                          "nbytes": int(nbytes), "transform": transform})
+            parts += data
+            off += nbytes
         header = json.dumps({"v": FORMAT_VERSION, "meta": meta, "tensors": specs}, separators=(",", ":")).encode()
-        body = b"".join([struct.pack("<I", len(header)), header] + [memoryview(p) for p in parts])
-        cctx = zstd.ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True,
-                                   threads=self.threads)
-        return cctx.compress(body)
+        # streamed into one frame: no joined copy of the body is ever made
+        cctx = zstd.ZstdCompressor(level=self.level, write_checksum=True, threads=self.threads)
+        cobj = cctx.compressobj(size=4 + len(header) + off)
+        out = [cobj.compress(struct.pack("<I", len(header)) + header)]
+        out += [cobj.compress(memoryview(p)) for p in parts]
+        out.append(cobj.flush())
+        return b"".join(out)
 
 
 def decode(frame: bytes, crc32: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
