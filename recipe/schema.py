@@ -84,7 +84,7 @@ class ClientConfig:
 @dataclass
 class ShardsConfig:
     max_shard_gb: float = 4.0
-    zstd_level: int = 3
+    zstd_level: int = 1
     transform: str = "byteplane"  # byteplane | none (docs/benchmarks.md says why)
     workers: int = 4  # compression threads in the packer
     commit_every: int = 64

@@ -1,0 +1,73 @@
+"""Reader speed: random access to one sample (warm page cache) and sequential throughput.
+
+  python bench/reader.py --tokens 8192 --hidden 7168 --samples 4
+Writes a shard set of bf16 samples [tokens, 4, hidden] (random normal, byte planes + zstd L1) to --dir,
+then times ShardReader.get (decompress + inverse transform + torch view) on random ids, and a full pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recipe.shards import ShardReader  # noqa: E402
+from recipe.shards.codec import Codec  # noqa: E402
+from recipe.shards.store import ShardStore  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--reads", type=int, default=8)
+    ap.add_argument("--level", type=int, default=1)
+    ap.add_argument("--dir", default="/tmp/reader-bench")
+    a = ap.parse_args()
+    root = Path(a.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    store = ShardStore(root, {"format": "bench", "model_fingerprint": "x", "capture": {"slots": ["a", "b", "c", "f"]},
+                              "model": {"hidden_size": a.hidden}})
+    codec = Codec(a.level)
+    for i in range(a.samples):
+        f = rng.standard_normal((a.tokens, 4, a.hidden), dtype=np.float32)
+        h = (f.view(np.uint32) >> 16).astype(np.uint16)
+        meta = {"id": f"s{i}", "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}
+        frame = codec.encode(meta, {"input_ids": ("int32", np.zeros(a.tokens, np.int32)),
+                                    "loss_mask": ("uint8", np.ones(a.tokens, np.uint8)), "hidden": ("bfloat16", h)})
+        store.append(f"s{i}", f"k{i}", frame, tokens=a.tokens, raw_bytes=h.nbytes + 5 * a.tokens)
+    store.write_manifest({})
+    store.close()
+    r = ShardReader(root)
+    for sid in r.ids:  # warm the page cache
+        r.read_frame(r.by_id[sid])
+    lat = []
+    for k in range(a.reads):
+        sid = r.ids[int(rng.integers(len(r.ids)))]
+        t0 = time.perf_counter()
+        x = r.get(sid)
+        lat.append(time.perf_counter() - t0)
+    raw = a.tokens * 4 * a.hidden * 2
+    t0 = time.perf_counter()
+    n = sum(int(x["hidden"].shape[0]) for x in r)
+    seq = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    frame = r.read_frame(r.by_id[r.ids[0]])
+    pread = time.perf_counter() - t0
+    res = {"argv": sys.argv[1:], "sample_raw_MB": round(raw / 1e6, 1), "frame_MB": round(len(frame) / 1e6, 1),
+           "random_get_ms_median": round(1e3 * float(np.median(lat)), 1), "random_get_ms_min": round(1e3 * min(lat), 1),
+           "pread_only_ms": round(1e3 * pread, 2), "sequential_raw_MB_s": round(a.samples * raw / seq / 1e6, 1),
+           "tokens_read": n}
+    print(json.dumps(res))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
