@@ -104,9 +104,13 @@ def main(argv=None) -> int:
             print("  " + x)
         return 1 if problems else 0
     if a.cmd == "export":
-        from .export import export
+        from .export import ExportError, export
 
-        n = export(a.to, a.dir, a.out, final_norm=a.final_norm)
+        try:
+            n = export(a.to, a.dir, a.out, final_norm=a.final_norm)
+        except ExportError as e:
+            print(f"export refused: {e}", file=sys.stderr)
+            return 2
         print(f"exported {n} samples to {a.out} ({a.to})")
         return 0
     if a.cmd == "merge":
