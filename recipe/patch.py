@@ -1,4 +1,4 @@
-"""python -m recipe.patch {check,apply,status} --site-packages DIR
+"""python -m recipe.patch {check,apply,status,smoke} --site-packages DIR | site | pins --sglang-version V
 
 Applies patches/sglang/v<version>/*.patch to the SGLang installed under DIR (DIR/sglang/...).
 Strict: every hunk must match the file exactly at its stated line (no fuzz, no offset), or nothing
@@ -159,15 +159,75 @@ def installed_status() -> dict | None:
     return status(Path(list(spec.submodule_search_locations)[0]).parent)
 
 
+def site_dir() -> Path:
+    """The site-packages folder that holds the importable sglang (found without importing it)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise PatchError("sglang is not importable here")
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def pins(version: str) -> dict:
+    """The SGLang installed == the version asked for, and patches exist for it."""
+    import importlib.metadata as md
+
+    try:
+        have = md.version("sglang")
+    except md.PackageNotFoundError:
+        raise PatchError("sglang is not installed") from None
+    if have != version:
+        raise PatchError(f"installed SGLang is {have}, the build pins {version}: base image and SGLANG_VERSION disagree")
+    return {"sglang": have, "patches": [str(p.relative_to(REPO)) for p in patch_files(version)]}
+
+
+HOOK_INIT = "self.hs_dump = install(self)"
+HOOK_CALL = "self.hs_dump(forward_batch, hidden_states, aux_hidden_states)"
+
+
+def smoke(site: Path, do_import: bool = False) -> dict:
+    """After apply: files intact, each patched model wires the hook in __init__ and forward; with
+    do_import, the patched modules import (needs SGLang's own dependencies, as in the image)."""
+    st = status(site)
+    if not st.get("applied") or not st.get("intact"):
+        raise PatchError(f"patch not applied or changed since: {st}")
+    for rel in st["files"]:
+        src = (site / rel).read_text()
+        if src.count(HOOK_INIT) != 1 or src.count(HOOK_CALL) != 1:
+            raise PatchError(f"{rel}: hook not wired in exactly once")
+    imported = []
+    if do_import:
+        import importlib
+
+        for rel in st["files"]:
+            mod = importlib.import_module(rel[:-3].replace("/", "."))
+            if "hs_dump" not in Path(mod.__file__).read_text():
+                raise PatchError(f"{mod.__name__} imported from an unpatched file {mod.__file__}")
+            imported.append(mod.__name__)
+    return {"ok": True, "files": sorted(st["files"]), "imported": imported}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipe.patch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=["check", "apply", "status"])
-    p.add_argument("--site-packages", type=Path, required=True, help="the folder that holds sglang/")
+    p.add_argument("cmd", choices=["check", "apply", "status", "smoke", "site", "pins"])
+    p.add_argument("--site-packages", type=Path, help="the folder that holds sglang/")
     p.add_argument("--version", help="SGLang version (default: read from sglang-*.dist-info)")
+    p.add_argument("--sglang-version", help="pins: the version the build expects")
+    p.add_argument("--import", dest="do_import", action="store_true", help="smoke: also import the patched modules")
     a = p.parse_args(argv)
-    site = a.site_packages.resolve()
     try:
+        if a.cmd == "site":
+            print(site_dir())
+            return 0
+        if a.cmd == "pins":
+            print(json.dumps(pins(a.sglang_version), indent=2))
+            return 0
+        if a.site_packages is None:
+            p.error(f"{a.cmd} needs --site-packages")
+        site = a.site_packages.resolve()
+        if a.cmd == "smoke":
+            print(json.dumps(smoke(site, a.do_import), indent=2))
+            return 0
         if a.cmd == "status":
             st = status(site)
             print(json.dumps(st, indent=2))

@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# The recipe's image: a pinned SGLang with the hidden-state dump patch applied, and the recipe.
+#   docker compose build            # or: docker build -t hs-recipe .
+# Every pin is in this block. For a reproducible build pin the base by digest:
+#   docker buildx imagetools inspect lmsysorg/sglang:v0.5.16-cu130   -> sha256:...
+#   docker build --build-arg BASE_IMAGE=lmsysorg/sglang@sha256:<digest> .
+# SGLANG_VERSION must equal the base image's SGLang and name a folder patches/sglang/v<version>/
+# (tests/test_docker.py checks the three agree).
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.16-cu130
+FROM ${BASE_IMAGE}
+
+ARG BASE_IMAGE=lmsysorg/sglang:v0.5.16-cu130
+ARG SGLANG_VERSION=0.5.16
+ARG RECIPE_VERSION=0.1.0
+
+LABEL org.opencontainers.image.title="hs-recipe" \
+      org.opencontainers.image.description="Hidden-state extraction for EAGLE-3 draft training (patched SGLang)" \
+      org.opencontainers.image.version="${RECIPE_VERSION}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.hs-recipe.sglang.version="${SGLANG_VERSION}" \
+      io.hs-recipe.patches="patches/sglang/v${SGLANG_VERSION}"
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /opt/hs-recipe
+COPY pyproject.toml README.md ./
+COPY recipe/ recipe/
+COPY conf/ conf/
+COPY patches/ patches/
+COPY tests/ tests/
+
+# Install the recipe without moving any of the image's pins (SGLang 0.5.16 breaks with a newer
+# transformers; torch is the image's CUDA build): every package already in the image is a constraint.
+RUN python3 -m pip freeze | grep -v -e '@' -e '^-e' > /tmp/image-pins.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf,test]" \
+ && python3 -m recipe.patch pins --sglang-version "${SGLANG_VERSION}"
+
+# Patch SGLang: check first (fails loudly on any drift), apply, record, then import the patched
+# modules and confirm the hook is wired in.
+RUN SITE="$(python3 -m recipe.patch site)" \
+ && python3 -m recipe.patch check --site-packages "${SITE}" --version "${SGLANG_VERSION}" \
+ && python3 -m recipe.patch apply --site-packages "${SITE}" --version "${SGLANG_VERSION}" \
+ && python3 -m recipe.patch status --site-packages "${SITE}" > /opt/hs-recipe/PATCH_STATUS.json \
+ && python3 -m recipe.patch smoke --site-packages "${SITE}" --import
+
+ENV PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
+ENTRYPOINT ["python3", "-m", "recipe"]
+CMD ["experiment=kimi-k2.5"]

