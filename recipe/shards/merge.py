@@ -1,0 +1,75 @@
+"""Merge shard sets (one per data-parallel job) into one index + manifest.
+
+Shard files are hard-linked into OUT/shards (copied across filesystems) under a per-set prefix; the
+index is rewritten to point at them. Sets must agree on format, model fingerprint and capture spec
+(layers, convention, final norm); a sample present in several sets is kept once and reported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .store import INDEX, MANIFEST, PROVENANCE_KEYS, SHARD_DIR, atomic_write, read_index, read_manifest
+
+
+class MergeError(ValueError):
+    pass
+
+
+def merge(out, inputs) -> dict:
+    out = Path(out)
+    if (out / INDEX).exists():
+        raise MergeError(f"{out} already holds an index: merge into an empty directory")
+    manifests = []
+    for d in inputs:
+        m = read_manifest(d)
+        if m is None:
+            raise MergeError(f"{d} has no manifest.json")
+        manifests.append(m)
+    first = manifests[0]
+    for d, m in zip(inputs[1:], manifests[1:]):
+        for k in PROVENANCE_KEYS:
+            if m.get(k) != first.get(k):
+                raise MergeError(f"{d} differs from {inputs[0]} in {k!r}:\n  {m.get(k)}\n  vs {first.get(k)}")
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    records, seen, duplicates = [], set(), []
+    for k, d in enumerate(inputs):
+        d = Path(d)
+        for f in sorted((d / SHARD_DIR).glob("shard-*.bin")):
+            dst = out / SHARD_DIR / f"set{k:03d}-{f.name}"
+            try:
+                os.link(f, dst)
+            except OSError:
+                shutil.copy2(f, dst)
+        for r in read_index(d):
+            if r["key"] in seen:
+                duplicates.append({"id": r["id"], "set": str(d)})
+                continue
+            seen.add(r["key"])
+            records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
+    atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
+    counts = {"merged": True, "input": 0, "ok": len(records), "skipped": {}, "failed": {}, "duplicates": len(duplicates)}
+    for m in manifests:
+        c = m.get("counts") or {}
+        counts["input"] += c.get("input", 0)
+        for kind in ("skipped", "failed"):
+            for reason, n in (c.get(kind) or {}).items():
+                counts[kind][reason] = counts[kind].get(reason, 0) + n
+    shards = {}
+    for r in records:
+        s = shards.setdefault(r["shard"], {"samples": 0, "bytes": 0})
+        s["samples"] += 1
+        s["bytes"] = max(s["bytes"], r["offset"] + r["length"])
+    manifest = {k: first[k] for k in ("format", "model_fingerprint", "capture", "model", "tokenizer") if k in first}
+    manifest.update({
+        "versions": first.get("versions"), "backend": first.get("backend"), "codec": first.get("codec"),
+        "merged_from": [{"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
+                        for d, m in zip(inputs, manifests)],
+        "counts": counts, "duplicates": duplicates[:100],
+        "totals": {"samples": len(records), "tokens": sum(r["tokens"] for r in records),
+                   "raw_bytes": sum(r["raw_bytes"] for r in records), "stored_bytes": sum(r["length"] for r in records)},
+        "shards": shards})
+    atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}
