@@ -191,6 +191,12 @@ def run(cfg: DictConfig) -> dict:
                 backend.close()
         except KeyboardInterrupt:
             interrupted = "interrupted"
+        except RuntimeError as e:
+            full = disk_full(e)
+            if full is None:
+                raise
+            interrupted = (f"output disk full ({full}): free space on the filesystem of {out} "
+                           f"(about {preflight.estimate(todo, slots, cfg.model.hidden_size)[1] / 1e9:.1f} GB for the whole run)")
         finally:
             packer.stop()
             if not external:
@@ -202,7 +208,10 @@ def run(cfg: DictConfig) -> dict:
     not_done = len(todo) - done_now - sum(packer.failed.values())
     counts = {"input": plan.input, "ok": already + done_now, "ok_this_run": done_now, "already_stored": already,
               "skipped": dict(plan.skipped), "failed": dict(packer.failed), "not_done": not_done}
-    manifest = store.write_manifest({
+    write_manifest = store.write_manifest
+    if interrupted and interrupted.startswith("output disk full"):
+        write_manifest = lambda fields: best_effort(store.write_manifest, fields)  # noqa: E731
+    manifest = write_manifest({
         "versions": versions(),
         "data": {"sources": plan.sources, "max_length": cfg.data.max_length, "overflow": cfg.data.overflow,
                  "limit": cfg.data.limit, "shard_index": cfg.data.shard_index, "num_shards": cfg.data.num_shards},
@@ -220,6 +229,25 @@ def run(cfg: DictConfig) -> dict:
     if packer.failed:
         raise RunFailed(f"{sum(packer.failed.values())} samples failed: {dict(packer.failed)} (details in {out}/manifest.json)")
     return counts
+
+
+def disk_full(e: BaseException) -> str | None:
+    """The ENOSPC behind a packer failure, if that is what it was."""
+    import errno
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return str(e)
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def best_effort(fn, *a):
+    try:
+        return fn(*a)
+    except OSError as e:
+        log.error("could not write the manifest (%s); the index is intact and resume rebuilds it", e)
+        return {"totals": {"samples": 0, "tokens": 0, "raw_bytes": 0, "stored_bytes": 0}}
 
 
 def backend_provenance(cfg) -> dict:

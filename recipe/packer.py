@@ -159,7 +159,10 @@ class Packer:
         if self._thread.is_alive():
             self._thread.join()
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.store.commit()
+        try:
+            self.store.commit()
+        except OSError as e:  # e.g. the disk is full: what was not committed is redone on resume
+            log.error("final commit failed: %s", e)
 
     # -- the packer thread ------------------------------------------------------------------
     def _run(self) -> None:

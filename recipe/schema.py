@@ -41,6 +41,9 @@ class ServerConfig:
     extra_args: List[str] = field(default_factory=list)  # passed through verbatim
     ready_timeout_s: float = 1200.0  # first start compiles kernels: minutes
     max_restarts: int = 2
+    health_every_s: float = 10.0  # watchdog: GET /health this often while requests are in flight
+    health_timeout_s: float = 60.0  # a probe slower than this counts as a miss (SGLang probes via its scheduler)
+    health_misses: int = 3  # consecutive misses = the server stopped answering: it is killed and restarted
     allow_unsafe_flags: bool = False  # only for the silent-failure test: lets CUDA graphs back on
 
 

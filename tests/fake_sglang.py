@@ -9,7 +9,8 @@ start of another), and also runs the server's own warm-up and health-check reque
 
 FAKE_SGLANG_MODE (comma-separated): graphs (the hook never runs, as under CUDA-graph replay),
 flaky500 (the first attempt of every request answers 500), die_once (the process exits on the 3rd
-request, once per marker file FAKE_SGLANG_MARKER), cached (answers cached_tokens > 0), slow (sleep per pass).
+request, once per marker file FAKE_SGLANG_MARKER), hang_once (on the 3rd request the scheduler and /health stop
+answering while the process stays up; once per marker), cached (answers cached_tokens > 0), slow (sleep per pass).
 """
 from __future__ import annotations
 
@@ -174,6 +175,10 @@ def main():
             if "die_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
                 Path(marker).write_text("died")
                 os._exit(17)
+            if "hang_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
+                Path(marker).write_text("hung")
+                with sched.cv:  # the scheduler (and so /health) stops answering, the process stays up
+                    time.sleep(3600)
             if "flaky500" in MODES and "-r" not in req["rid"]:
                 return self.reply(500, {"error": "injected"})
             sched.submit(req["rid"], req["input_ids"])

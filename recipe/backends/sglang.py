@@ -212,7 +212,32 @@ class SGLangBackend:
                         await self._wait_budget()
                         await self._one(http, s, packer, rid_of)
 
-            await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+            watchdog = asyncio.create_task(self._watchdog(http)) if self.cfg.server.launch else None
+            try:
+                await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+            finally:
+                if watchdog:
+                    watchdog.cancel()
+
+    async def _watchdog(self, http) -> None:
+        """A server that stops answering (alive but hung) is killed; in-flight requests then fail and
+        are re-sent after the restart, like after a crash."""
+        s, misses = self.cfg.server, 0
+        while True:
+            await asyncio.sleep(s.health_every_s)
+            if not self.server.alive() or self._restart_lock.locked():
+                misses = 0  # dead: the requests' retry path restarts it; restarting: still warming up
+                continue
+            try:
+                ok = (await http.get(self.url + "/health", timeout=s.health_timeout_s)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            misses = 0 if ok else misses + 1
+            if misses >= s.health_misses:
+                log.error("server did not answer /health %d times in a row: killing it for a restart\n%s",
+                          misses, self.server.log_tail(20))
+                self.server.stop(grace_s=5)
+                misses = 0
 
     async def _wait_budget(self) -> None:
         """Back-pressure: no new request while the dump directory holds more than the budget."""

@@ -178,7 +178,10 @@ class ShardStore:
         return manifest
 
     def close(self) -> None:
-        self.commit()
+        try:
+            self.commit()
+        except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
+            self._pending = []
         self._shard.close()
         self._index.close()
         fcntl.flock(self._lock, fcntl.LOCK_UN)

@@ -1,0 +1,181 @@
+"""Crash safety, resume, bounded resources and disk-full, with injected faults (CPU, bounded in time)."""
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, compose
+from recipe.capture import records
+from recipe.capture.writer import CaptureWriter
+from recipe.main import RunFailed, run
+from recipe.preflight import PreflightError
+from recipe.shards import ShardReader
+from recipe.shards.__main__ import verify
+
+SEEDS = 20
+ARGS = ["data.limit=16", "backend.batch_size=2", "shards.commit_every=2", "log_every_s=1000"]
+
+
+def start(tmp, out, *extra):
+    return subprocess.Popen([sys.executable, "-m", "recipe", *ARGS, f"output_dir={out}", f"hydra.run.dir={tmp / 'run'}",
+                             f"capture.dump_dir={tmp / 'shm'}", *extra], cwd=tmp, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def expected_ids(tmp):
+    from transformers import AutoTokenizer
+
+    from recipe.data import build_plan
+    from recipe.tiny import materialize
+
+    cfg = compose(ARGS + [f"output_dir={tmp}"])
+    return sorted(s.id for s in build_plan(cfg.data, AutoTokenizer.from_pretrained(materialize("tiny-llama"))).samples)
+
+
+def exactly_once(out, ids):
+    r = ShardReader(out)
+    assert sorted(r.ids) == ids, "every input sample exactly once"
+    assert verify(out) == []
+
+
+@pytest.fixture(scope="module")
+def full_run_s(tmp_path_factory):
+    """How long an uninterrupted run takes here (import time included): kills land inside it."""
+    tmp = tmp_path_factory.mktemp("timing")
+    t0 = time.monotonic()
+    p = start(tmp, tmp / "out")
+    assert p.wait(timeout=300) == 0, p.stdout.read()
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(1500)
+def test_kill_9_at_random_points_then_resume(tmp_path, full_run_s):
+    ids = expected_ids(tmp_path)
+    partial = 0
+    for seed in range(SEEDS):
+        rng = random.Random(seed)
+        tmp = tmp_path / f"s{seed}"
+        tmp.mkdir()
+        out = tmp / "out"
+        p = start(tmp, out)
+        time.sleep(rng.uniform(0.3, full_run_s * 0.95))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if (out / "index.jsonl").exists() and (out / "index.jsonl").read_bytes():
+            partial += 1
+        p = start(tmp, out)  # resume: the same command
+        assert p.wait(timeout=300) == 0, p.stdout.read()[-2000:]
+        exactly_once(out, ids)
+    assert partial >= 3, f"only {partial} kills landed after a commit: the test would prove little"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_sigint_stop_gracefully_then_resume(tmp_path, full_run_s, sig):
+    ids = expected_ids(tmp_path)
+    out = tmp_path / "out"
+    p = start(tmp_path, out, "backend.batch_size=1")
+    # wait until packing is under way, then signal
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ((out / "index.jsonl").exists() and (out / "index.jsonl").read_bytes()):
+        time.sleep(0.05)
+    p.send_signal(sig)
+    rc = p.wait(timeout=120)
+    log = p.stdout.read()
+    m = json.loads((out / "manifest.json").read_text())
+    c = m["counts"]
+    assert c["ok"] + c["not_done"] + sum(c["failed"].values()) + sum(c["skipped"].values()) == c["input"]
+    if c["not_done"]:
+        assert rc != 0 and "interrupted" in log and "run the same command again to resume" in log
+    assert verify(out) == []
+    p = start(tmp_path, out)
+    assert p.wait(timeout=300) == 0
+    exactly_once(out, ids)
+
+
+def test_dump_budget_is_never_exceeded(tmp_path):
+    """A fast producer and a slow packer: the dump directory never holds more than the budget."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    budget = 1_000_000
+    w = CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
+    piece = np.ones((100, 2, 256), np.uint16)  # ~100 KB per record
+    stop, peak = threading.Event(), [0]
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], records.dir_bytes(dump))
+
+    def slow_packer():
+        while not stop.is_set():
+            for f in sorted(dump.glob("*.hsr"))[:1]:
+                time.sleep(0.02)
+                f.unlink()
+
+    threads = [threading.Thread(target=watch), threading.Thread(target=slow_packer)]
+    for t in threads:
+        t.start()
+    for i in range(60):
+        w.write_pass([f"hsx-{i}"], [0], [100], np.arange(100), piece)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert w.waited_s > 0.5  # the producer really was held back
+    assert 0 < peak[0] <= budget
+
+
+def test_preflight_refuses_a_run_the_disk_cannot_hold(tmp_path, monkeypatch):
+    import shutil as sh
+
+    real = sh.disk_usage
+    monkeypatch.setattr("recipe.preflight.shutil.disk_usage",
+                        lambda p: real(p)._replace(free=1000) if str(p).startswith(str(tmp_path / "o")) else real(p))
+    (tmp_path / "o").mkdir()
+    with pytest.raises(PreflightError, match="has 0.0 GB free but this run needs"):
+        run(compose([f"output_dir={tmp_path / 'o' / 'x'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=4"]))
+
+
+def test_output_disk_full_stops_cleanly_and_resumes(tmp_path, monkeypatch):
+    from recipe.shards.store import ShardStore
+
+    cfg = compose([f"output_dir={tmp_path / 'o'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=12",
+                   "shards.commit_every=1", "log_every_s=1000"])
+    real = ShardStore.append
+    calls = {"n": 0}
+
+    def append(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] >= 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ShardStore, "append", append)
+    with pytest.raises(RunFailed, match="output disk full.*free space on the filesystem of"):
+        run(cfg)
+    monkeypatch.setattr(ShardStore, "append", real)
+    assert 0 < len(ShardReader(tmp_path / "o")) < 12
+    counts = run(cfg)  # space freed: the same command resumes
+    assert counts["already_stored"] + counts["ok_this_run"] == 12
+    assert verify(tmp_path / "o") == []
+
+
+def test_hung_server_is_detected_and_restarted(tmp_path, monkeypatch):
+    from test_sglang_backend import sg_cfg
+
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "hang_once")
+    monkeypatch.setenv("FAKE_SGLANG_MARKER", str(tmp_path / "hung"))
+    t0 = time.monotonic()
+    counts = run(sg_cfg(tmp_path, "data.limit=6", "server.health_every_s=1", "server.health_timeout_s=2",
+                        "server.health_misses=2", "client.timeout_s=120"))
+    assert (tmp_path / "hung").exists() and counts["ok"] == 6 and not counts["failed"]
+    assert time.monotonic() - t0 < 100  # found by the watchdog, not by the 120 s request timeout
+    log = (tmp_path / "out" / "logs" / "server.log").read_text()
+    assert log.count("===== start") == 2
