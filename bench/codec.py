@@ -68,7 +68,6 @@ def random_normal(tokens: int, hidden: int = 384):
 
 def measure(h: np.ndarray, transform: str, level: int, repeat: int):
     codec = Codec(level=level, transform=transform)
-    ids = np.zeros(h.shape[0], np.int32)
     tensors = {"hidden": ("bfloat16", h)}
     best_c = best_d = float("inf")
     for _ in range(repeat):

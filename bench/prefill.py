@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import threading
@@ -67,7 +66,7 @@ def arm(name, args, model_dir, samples, warm):
     dump_parent = Path(args.shm) / f"bench-{name}"
     shutil.rmtree(dump_parent, ignore_errors=True)
     dump_parent.mkdir(parents=True)
-    over = [f"backend=sglang", f"output_dir={args.work}/out-{name}", f"capture.dump_dir={dump_parent}",
+    over = ["backend=sglang", f"output_dir={args.work}/out-{name}", f"capture.dump_dir={dump_parent}",
             "model.num_layers=32", "model.hidden_size=4096", "model.default_layers=[2,16,29]",
             f"server.port={args.port}", "server.ready_timeout_s=600", f"client.concurrency={args.concurrency}",
             f"server.args.mem_fraction_static={args.mem_fraction}", f"server.args.chunked_prefill_size={args.chunk}",

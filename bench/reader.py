@@ -52,7 +52,7 @@ def main():
     for k in range(a.reads):
         sid = r.ids[int(rng.integers(len(r.ids)))]
         t0 = time.perf_counter()
-        x = r.get(sid)
+        r.get(sid)
         lat.append(time.perf_counter() - t0)
     raw = a.tokens * 4 * a.hidden * 2
     t0 = time.perf_counter()

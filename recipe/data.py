@@ -250,9 +250,13 @@ def build_plan(data_cfg, tokenizer) -> Plan:
 POLICY_SKIPS = {"too_long", "duplicate", "no_loss_tokens"}
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, limit: int | None = None) -> str:
+    """sha256 of a file (its first `limit` bytes, if given) or of a directory's files and names."""
     h = hashlib.sha256()
-    if path.is_dir():
+    if limit is not None:
+        with open(path, "rb") as f:
+            h.update(f.read(limit))
+    elif path.is_dir():
         for f in sorted(path.rglob("*")):
             if f.is_file():
                 h.update(f.relative_to(path).as_posix().encode())

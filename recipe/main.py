@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import __version__, preflight, schema
 from .capture.writer import CaptureWriter
-from .data import build_plan, sample_key
+from .data import build_plan, file_sha256, sample_key
 from .packer import Packer, Progress
 from .shards.codec import FORMAT_VERSION, Codec
 from .shards.store import ShardStore
@@ -37,19 +37,12 @@ class RunFailed(SystemExit):
 
 
 # -- provenance ----------------------------------------------------------------------------
-def sha256_file(path: Path, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(limit) if limit else f.read())
-    return h.hexdigest()
-
-
 def model_fingerprint(model_dir: Path) -> str:
     """config.json + every weight file's name, size and first MiB (its safetensors header):
     cheap on a 1 TB checkpoint, and changes with any re-export."""
     h = hashlib.sha256((model_dir / "config.json").read_bytes())
     for f in sorted(model_dir.glob("*.safetensors")):
-        h.update(f"{f.name}:{f.stat().st_size}:{sha256_file(f, 1 << 20)}".encode())
+        h.update(f"{f.name}:{f.stat().st_size}:{file_sha256(f, 1 << 20)}".encode())
     return h.hexdigest()[:32]
 
 
@@ -142,7 +135,7 @@ def run(cfg: DictConfig) -> dict:
         "capture": cap,
         "model": {"name": cfg.model.name, "path": str(model_dir), "num_layers": cfg.model.num_layers,
                   "hidden_size": cfg.model.hidden_size},
-        "tokenizer": {"sha256": sha256_file(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").exists() else None,
+        "tokenizer": {"sha256": file_sha256(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").exists() else None,
                       "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()},
     }
     store = ShardStore(out, provenance, max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)))

@@ -12,7 +12,6 @@ import collections
 import json
 import logging
 import os
-import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +32,6 @@ class Pending:
     rid: str
     responded_at: float | None = None
     pieces: dict = field(default_factory=dict)  # offset -> (path, n, slots, hidden)
-    submitted: bool = False
 
 
 class Progress:
@@ -65,15 +63,6 @@ class Progress:
         if force or now - self.last >= self.every_s:
             self.last = now
             log.info(self.line())
-
-
-def _read_header(path: Path) -> dict:
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if head[:4] != records.MAGIC:
-            raise ValueError(f"{path.name}: not a capture record")
-        (hlen,) = struct.unpack("<I", head[4:8])
-        return json.loads(f.read(hlen))
 
 
 def check_hidden(h: np.ndarray) -> str | None:
@@ -212,7 +201,7 @@ class Packer:
                         (self.dump_dir / name).unlink(missing_ok=True)  # a superseded attempt or a stale run
                     continue
                 if off not in p.pieces:
-                    h = _read_header(self.dump_dir / name)
+                    h = records.read_header(self.dump_dir / name)
                     p.pieces[off] = (self.dump_dir / name, h["n"], h["slots"], h["hidden"])
                     busy = True
             for rid, p in list(self.pending.items()):

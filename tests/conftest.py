@@ -1,10 +1,12 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SGLANG_VERSION = "0.5.16"  # the pinned SGLang (patches/sglang/v0.5.16, Dockerfile, pyproject)
 sys.path.insert(0, str(ROOT))
 
 
@@ -45,3 +47,15 @@ def compose(overrides=()):
     schema.register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=False)
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel():
+    cache = Path(os.environ.get("RECIPE_WHEEL_CACHE", Path.home() / ".cache" / "hs-recipe" / "wheels"))
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
+                        f"sglang=={SGLANG_VERSION}", "-d", str(cache)], check=True)
+        found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    return found[0]

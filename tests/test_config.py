@@ -1,7 +1,6 @@
 """Every config composes; the schema rejects typos and wrong types; experiments open with their command."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException

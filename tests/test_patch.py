@@ -1,7 +1,6 @@
 """The patches apply exactly to the pinned upstream SGLang (downloaded from PyPI once, cached)."""
 import ast
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -9,24 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, SGLANG_VERSION
 from recipe import patch
 
-VERSION = "0.5.16"
+VERSION = SGLANG_VERSION
 PATCHED = ["sglang/srt/models/llama.py", "sglang/srt/models/deepseek_v2.py", "sglang/srt/models/qwen3.py",
            "sglang/srt/models/qwen3_moe.py"]
-
-
-@pytest.fixture(scope="session")
-def sglang_wheel():
-    cache = Path(os.environ.get("RECIPE_WHEEL_CACHE", Path.home() / ".cache" / "hs-recipe" / "wheels"))
-    cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(f"sglang-{VERSION}-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-                        f"sglang=={VERSION}", "-d", str(cache)], check=True)
-        found = sorted(cache.glob(f"sglang-{VERSION}-*.whl"))
-    return found[0]
 
 
 @pytest.fixture

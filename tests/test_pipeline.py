@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
 
 
 def test_embedded_default_then_verify(tmp_path):

@@ -1,19 +1,17 @@
 """Crash safety, resume, bounded resources and disk-full, with injected faults (CPU, bounded in time)."""
 import errno
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, compose
+from conftest import compose
 from recipe.capture import records
 from recipe.capture.writer import CaptureWriter
 from recipe.main import RunFailed, run

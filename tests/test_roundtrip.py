@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, compose
+from conftest import compose
 from recipe.backends.hf import HFBackend
 from recipe.capture.writer import CaptureWriter
 from recipe.data import Sample

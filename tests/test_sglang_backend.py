@@ -4,13 +4,12 @@ import json
 import socket
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import ROOT, compose
 from recipe.backends.hf import HFBackend
-from recipe.backends.sglang import check_flags, server_argv, server_env, to_flags
+from recipe.backends.sglang import server_argv, server_env, to_flags
 from recipe.main import RunFailed, run
 from recipe.shards import ShardReader
 from recipe.shards.__main__ import verify

@@ -109,7 +109,7 @@ class Server:
         t0 = time.monotonic()
         last = time.monotonic()
         while True:
-            if not self.alive():
+            if self.proc is not None and not self.alive():  # proc None: a server started elsewhere
                 raise ServerError(f"server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
@@ -176,21 +176,8 @@ class SGLangBackend:
     def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
         if self.cfg.server.launch:
             self.server.start()
-            self.server.wait_ready()
-        else:
-            self._wait_external()
+        self.server.wait_ready()
         asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
-
-    def _wait_external(self) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < self.cfg.server.ready_timeout_s:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise ServerError(f"no healthy server at {self.url} (server.launch=false)")
 
     def close(self) -> None:
         if self.cfg.server.launch:

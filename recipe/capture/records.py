@@ -58,13 +58,25 @@ def write_error(dump_dir: Path, rid: str, reason: str) -> None:
     write_atomic(Path(dump_dir), f"{rid}{ERROR_SUFFIX}", [json.dumps({"rid": rid, "reason": reason}).encode()])
 
 
+def _header(buf: bytes, path) -> tuple[dict, int]:
+    """(header, where the payload starts) from a record's first bytes."""
+    if buf[:4] != MAGIC:
+        raise ValueError(f"{path}: not a capture record")
+    (hlen,) = struct.unpack_from("<I", buf, 4)
+    return json.loads(buf[8:8 + hlen]), 8 + hlen
+
+
+def read_header(path: Path) -> dict:
+    """Only the header (the packer needs a piece's length long before its data)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        (hlen,) = struct.unpack_from("<I", head, 4) if len(head) == 8 else (0,)
+        return _header(head + f.read(hlen), path)[0]
+
+
 def read_record(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
     raw = Path(path).read_bytes()
-    if raw[:4] != MAGIC:
-        raise ValueError(f"{path}: not a capture record")
-    (hlen,) = struct.unpack_from("<I", raw, 4)
-    h = json.loads(raw[8:8 + hlen])
-    base = 8 + hlen
+    h, base = _header(raw, path)
     ids = np.frombuffer(raw, np.int32, count=h["n"], offset=base)
     hid = np.frombuffer(raw, np.uint16, count=h["n"] * h["slots"] * h["hidden"], offset=base + 4 * h["n"])
     return h, ids, hid.reshape(h["n"], h["slots"], h["hidden"])

@@ -29,7 +29,9 @@ def as_u16(x) -> np.ndarray:
 def as_i32(x) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x.astype(np.int32, copy=False)
-    return x.to(dtype=__import__("torch").int32).numpy()
+    import torch
+
+    return x.to(dtype=torch.int32).numpy()
 
 
 class CaptureWriter:
@@ -59,14 +61,15 @@ class CaptureWriter:
         ids, hid = as_i32(input_ids), as_u16(hidden)
         if sum(extend_lens) > ids.shape[0] or hid.shape[0] != ids.shape[0]:
             raise ValueError(f"pass has {ids.shape[0]} ids / {hid.shape[0]} rows for extend lengths {list(extend_lens)}")
-        written, row = 0, 0
-        for i, (rid, pre, n) in enumerate(zip(rids, prefix_lens, extend_lens)):
-            if rid.startswith(self.rid_prefix):
-                piece = hid[row:row + n]
-                self.wait_for_budget(piece.nbytes)
-                written += records.write_record(self.dump_dir, rid, int(pre), ids[row:row + n], piece,
-                                                None if lasts is None else bool(lasts[i]))
-            row += n
+        starts = np.concatenate([[0], np.cumsum(extend_lens)]).astype(int)
+        ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
+        # one look at the directory per pass: the writer thread must not rescan it for every request
+        self.wait_for_budget(sum(hid[starts[i]:starts[i + 1]].nbytes for i in ours))
+        written = 0
+        for i in ours:
+            a, b = starts[i], starts[i + 1]
+            written += records.write_record(self.dump_dir, rids[i], int(prefix_lens[i]), ids[a:b], hid[a:b],
+                                            None if lasts is None else bool(lasts[i]))
         return written
 
     def write_error(self, rid: str, reason: str) -> None:

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .store import INDEX, MANIFEST, PROVENANCE_KEYS, SHARD_DIR, atomic_write, read_index, read_manifest
+from .store import INDEX, MANIFEST, PROVENANCE_KEYS, SHARD_DIR, atomic_write, read_index, read_manifest, summarize
 
 
 class MergeError(ValueError):
@@ -57,19 +57,11 @@ def merge(out, inputs) -> dict:
         for kind in ("skipped", "failed"):
             for reason, n in (c.get(kind) or {}).items():
                 counts[kind][reason] = counts[kind].get(reason, 0) + n
-    shards = {}
-    for r in records:
-        s = shards.setdefault(r["shard"], {"samples": 0, "bytes": 0})
-        s["samples"] += 1
-        s["bytes"] = max(s["bytes"], r["offset"] + r["length"])
     manifest = {k: first[k] for k in ("format", "model_fingerprint", "capture", "model", "tokenizer") if k in first}
     manifest.update({
         "versions": first.get("versions"), "backend": first.get("backend"), "codec": first.get("codec"),
         "merged_from": [{"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
                         for d, m in zip(inputs, manifests)],
-        "counts": counts, "duplicates": duplicates[:100],
-        "totals": {"samples": len(records), "tokens": sum(r["tokens"] for r in records),
-                   "raw_bytes": sum(r["raw_bytes"] for r in records), "stored_bytes": sum(r["length"] for r in records)},
-        "shards": shards})
+        "counts": counts, "duplicates": duplicates[:100], **summarize(records)})
     atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}

@@ -14,7 +14,7 @@ from .codec import CorruptRecord, decode
 from .store import SHARD_DIR, read_index, read_manifest
 
 
-def to_torch(name: str, arr: np.ndarray, dtype: str):
+def to_torch(arr: np.ndarray, dtype: str):
     import torch
 
     if not arr.flags.writeable:
@@ -66,7 +66,7 @@ class ShardReader:
         """{'input_ids', 'loss_mask', 'hidden' [T, slots, H], 'meta'} as torch tensors."""
         meta, arrs = self.get_numpy(sample_id)
         dtypes = meta.get("dtypes", {})
-        out = {k: to_torch(k, v, dtypes.get(k, "")) for k, v in arrs.items()}
+        out = {k: to_torch(v, dtypes.get(k, "")) for k, v in arrs.items()}
         out["meta"] = meta
         return out
 

@@ -70,6 +70,19 @@ def read_index(root: Path, repair: bool = False) -> list[dict]:
     return records
 
 
+def summarize(records: list[dict]) -> dict:
+    """The manifest's `totals` and `shards`, derived from index records."""
+    shards = {}
+    for r in records:
+        s = shards.setdefault(r["shard"], {"samples": 0, "bytes": 0})
+        s["samples"] += 1
+        s["bytes"] = max(s["bytes"], r["offset"] + r["length"])
+    return {"totals": {"samples": len(records), "tokens": sum(r["tokens"] for r in records),
+                       "raw_bytes": sum(r["raw_bytes"] for r in records),
+                       "stored_bytes": sum(r["length"] for r in records)},
+            "shards": shards}
+
+
 def read_manifest(root: Path) -> dict | None:
     p = Path(root) / MANIFEST
     return json.loads(p.read_text()) if p.exists() else None
@@ -98,7 +111,6 @@ class ShardStore:
                         f"  this run: {provenance.get(k)}\nUse another output_dir, or the same config to resume.")
         self.records = read_index(self.root, repair=True)
         self.keys = {r["key"] for r in self.records}
-        self.ids = {r["id"] for r in self.records}
         self._repair_shards()
         self._pending: list[dict] = []
         self._index = open(self.root / INDEX, "ab")
@@ -148,7 +160,6 @@ class ShardStore:
         self._shard_size += len(frame)
         self._pending.append(rec)
         self.keys.add(key)
-        self.ids.add(sample_id)
 
     def commit(self) -> list[dict]:
         """Make every appended sample durable. Returns the records committed now."""
@@ -164,16 +175,7 @@ class ShardStore:
         return done
 
     def write_manifest(self, fields: dict) -> dict:
-        shards = {}
-        for r in self.records:
-            s = shards.setdefault(r["shard"], {"samples": 0, "bytes": 0})
-            s["samples"] += 1
-            s["bytes"] = max(s["bytes"], r["offset"] + r["length"])
-        manifest = {**self.provenance, **fields,
-                    "totals": {"samples": len(self.records), "tokens": sum(r["tokens"] for r in self.records),
-                               "raw_bytes": sum(r["raw_bytes"] for r in self.records),
-                               "stored_bytes": sum(r["length"] for r in self.records)},
-                    "shards": shards}
+        manifest = {**self.provenance, **fields, **summarize(self.records)}
         atomic_write(self.root / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
         return manifest
 

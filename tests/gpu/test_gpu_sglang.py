@@ -236,7 +236,7 @@ def test_cuda_graphs_on_are_caught(tmp_path):
         shutil.rmtree(out, ignore_errors=True)
         failed = None
         try:
-            counts = srv.recipe(out, "capture.dump_timeout_s=10")
+            srv.recipe(out, "capture.dump_timeout_s=10")
         except RunFailed as e:
             failed = str(e)
         m = json.loads((out / "manifest.json").read_text())
