@@ -97,14 +97,14 @@ def iter_records(src: str):
             if not raw.strip():
                 continue
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8").lstrip("\ufeff")  # a BOM: first line, or files concatenated
             except UnicodeDecodeError as e:
                 yield where, BadRecord("invalid_utf8", str(e))
                 continue
             try:
                 yield where, json.loads(text)
-            except json.JSONDecodeError as e:
-                yield where, BadRecord("invalid_json", str(e))
+            except (json.JSONDecodeError, RecursionError) as e:  # deep nesting is not JSON we can use
+                yield where, BadRecord("invalid_json", f"{type(e).__name__}: {str(e)[:200]}")
 
 
 def to_messages(rec) -> list[dict]:
@@ -118,9 +118,9 @@ def to_messages(rec) -> list[dict]:
         for m in msgs:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
-            if m["role"] not in ROLES:
+            if m["role"].lower() not in ROLES:
                 raise BadRecord("unknown_role", m["role"])
-            out.append({"role": m["role"], "content": m["content"]})
+            out.append({"role": m["role"].lower(), "content": m["content"]})
     elif "conversations" in rec:
         conv = rec["conversations"]
         if not isinstance(conv, list):
@@ -147,6 +147,11 @@ def to_messages(rec) -> list[dict]:
         raise BadRecord("empty_conversation")
     if not any(m["role"] == "assistant" and m["content"] for m in out):
         raise BadRecord("no_assistant_turn")
+    for m in out:  # valid JSON can hold lone surrogates ("\ud800"), which no tokenizer can encode
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRecord("invalid_unicode", str(e)) from None
     return out
 
 
@@ -234,18 +239,33 @@ def build_plan(data_cfg, tokenizer) -> Plan:
             except BadRecord as e:
                 plan.skip(e.reason, where, str(e))
                 continue
+            except Exception as e:  # no input may crash the plan: anything unforeseen is a counted skip
+                plan.skip("unreadable_record", where, f"{type(e).__name__}: {str(e)[:200]}")
+                continue
             seen.add(sid)
             plan.samples.append(Sample(sid, ids, mask, where, truncated=truncated))
         if data_cfg.limit is not None and index >= data_cfg.limit:
             break
+    if plan.input == 0:
+        raise DataError(f"no input records in {', '.join(map(str, data_cfg.sources))}"
+                        + (f" for job {data_cfg.shard_index} of {data_cfg.num_shards}" if data_cfg.num_shards > 1 else ""))
     invalid = sum(v for k, v in plan.skipped.items() if k not in POLICY_SKIPS)
-    limit = data_cfg.max_failures if data_cfg.max_failures >= 1 else data_cfg.max_failures * max(plan.input, 1)
-    if invalid > limit:
+    if invalid > failure_limit(data_cfg.max_failures, plan.input):
         lines = "\n".join(f"  {r}: {n}  e.g. {plan.examples[r][0]}" for r, n in plan.skipped.items() if r not in POLICY_SKIPS)
         raise DataError(f"{invalid} of {plan.input} input records are invalid (data.max_failures={data_cfg.max_failures}):\n{lines}")
     return plan
 
 
+def failure_limit(max_failures: float, n_input: int) -> float:
+    """How many invalid records a run accepts: max_failures >= 1 is a count; below 1 a fraction of
+    the input, but never fewer than FRACTION_FLOOR records, so one bad line never refuses a small file.
+    0 accepts none."""
+    if max_failures >= 1 or max_failures == 0:
+        return max_failures
+    return max(max_failures * n_input, FRACTION_FLOOR)
+
+
+FRACTION_FLOOR = 10
 # skips that follow from config, not from broken input: they never count against max_failures
 POLICY_SKIPS = {"too_long", "duplicate", "no_loss_tokens"}
 

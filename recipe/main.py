@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -20,11 +19,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import __version__, preflight, schema
+from . import preflight, schema
 from .capture.writer import CaptureWriter
-from .data import build_plan, file_sha256, sample_key
+from .data import build_plan, sample_key
 from .packer import Packer, Progress
-from .shards.codec import FORMAT_VERSION, Codec
+from .provenance import backend_provenance, capture_spec, identity, model_fingerprint, tokenizer_provenance, versions
+from .shards.codec import Codec
 from .shards.store import ShardStore
 from .tiny import resolve_model_path
 
@@ -34,37 +34,6 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 class RunFailed(SystemExit):
     pass
-
-
-# -- provenance ----------------------------------------------------------------------------
-def model_fingerprint(model_dir: Path) -> str:
-    """config.json + every weight file's name, size and first MiB (its safetensors header):
-    cheap on a 1 TB checkpoint, and changes with any re-export."""
-    h = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")):
-        h.update(f"{f.name}:{f.stat().st_size}:{file_sha256(f, 1 << 20)}".encode())
-    return h.hexdigest()[:32]
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"recipe": __version__, "python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "sglang", "zstandard", "hydra-core"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out[pkg] = md.version(pkg)
-    return out
-
-
-def capture_spec(cfg) -> dict:
-    layers = list(cfg.capture.layers)
-    return {"layers": layers, "final": bool(cfg.capture.final),
-            "final_norm": "post" if cfg.capture.final else None, "convention": cfg.capture.convention,
-            "slots": slot_names(layers, cfg.capture.final), "dtype": cfg.model.dtype}
-
-
-def slot_names(layers, final) -> list[str]:
-    return [f"layer_{i}" for i in layers] + (["final_post_norm"] if final else [])
 
 
 def validate(cfg) -> None:
@@ -129,18 +98,15 @@ def run(cfg: DictConfig) -> dict:
     fp = model_fingerprint(model_dir)
     for s in plan.samples:
         s.key = sample_key(fp, cap, s.input_ids)
-    provenance = {
-        "format": f"recipe-hidden-states/{FORMAT_VERSION}",
-        "model_fingerprint": fp,
-        "capture": cap,
-        "model": {"name": cfg.model.name, "path": str(model_dir), "num_layers": cfg.model.num_layers,
-                  "hidden_size": cfg.model.hidden_size},
-        "tokenizer": {"sha256": file_sha256(model_dir / "tokenizer.json") if (model_dir / "tokenizer.json").exists() else None,
-                      "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()},
-    }
-    store = ShardStore(out, provenance, max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)))
+    model = {"name": cfg.model.name, "path": str(model_dir), "num_layers": cfg.model.num_layers,
+             "hidden_size": cfg.model.hidden_size}
+    store = ShardStore(out, identity(cfg, fp, tokenizer_provenance(model_dir, tokenizer), plan.sources),
+                       {"model": model}, max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)))
     for name, dropped in store.repaired:
         log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
+    if store.lost:
+        log.warning("resume: %d stored samples were lost (shard file missing or cut short) and will be redone: %s",
+                    len(store.lost), ", ".join(store.lost[:10]) + (" ..." if len(store.lost) > 10 else ""))
     todo = [s for s in plan.samples if s.key not in store.keys]
     already = len(plan.samples) - len(todo)
     log.info("plan: %d input records -> %d samples (%d tokens), %d already stored, %d to do; skipped %s",
@@ -241,17 +207,6 @@ def best_effort(fn, *a):
     except OSError as e:
         log.error("could not write the manifest (%s); the index is intact and resume rebuilds it", e)
         return {"totals": {"samples": 0, "tokens": 0, "raw_bytes": 0, "stored_bytes": 0}}
-
-
-def backend_provenance(cfg) -> dict:
-    out = {"name": cfg.backend.name}
-    if cfg.backend.name == "sglang":
-        from . import patch
-
-        out["patch"] = patch.installed_status()
-        out["server_args"] = OmegaConf.to_container(cfg.server.args, resolve=True)
-        out["nccl"] = cfg.nccl.name
-    return out
 
 
 def make_backend(cfg, model_dir: Path, dump_dir: Path):

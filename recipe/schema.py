@@ -73,7 +73,7 @@ class DataConfig:
     limit: Optional[int] = None
     shard_index: int = 0
     num_shards: int = 1
-    max_failures: float = 0.01  # invalid input records allowed: a count (>= 1) or a fraction (< 1)
+    max_failures: float = 0.01  # invalid records allowed: a count (>= 1), or a fraction (< 1) but at least 10; 0 = none
 
 
 @dataclass

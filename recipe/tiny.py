@@ -78,6 +78,12 @@ def make_model(name: str, seed: int = 0):
         cfg = transformers.DeepseekV3Config(**common, **spec, rope_scaling=None)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    # Trained models' RMSNorm weights are far from HF's init of 1. Ones hide every bug that applies
+    # a norm twice or to the wrong state (it did: a speculators export), so draw them in [0.25, 2.5].
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.25, 2.5)
     return model
 
 
@@ -85,7 +91,7 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
     """Build model + tokenizer into dest (default: the cache) once; atomic, so a crash leaves nothing."""
     if name not in SPECS:
         raise ValueError(f"unknown built-in model {name!r}; have {sorted(SPECS)}")
-    dest = Path(dest) if dest else cache_dir() / f"{name}-v1"
+    dest = Path(dest) if dest else cache_dir() / f"{name}-v2"  # v2: norm weights != 1
     if (dest / "config.json").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

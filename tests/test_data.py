@@ -93,8 +93,55 @@ def test_accounting_with_bad_lines(tmp_path):
 def test_max_failures_stops_the_run(tmp_path):
     p = write_lines(tmp_path / "d.jsonl", [good(0), "{bad", "{bad2", good(1)])
     with pytest.raises(data.DataError, match="2 of 4 input records are invalid"):
-        data.build_plan(dcfg(sources=[str(p)], max_failures=0.25), make_tokenizer())
+        data.build_plan(dcfg(sources=[str(p)], max_failures=1), make_tokenizer())
+    with pytest.raises(data.DataError, match="2 of 4 input records are invalid"):
+        data.build_plan(dcfg(sources=[str(p)], max_failures=0), make_tokenizer())
     assert len(data.build_plan(dcfg(sources=[str(p)], max_failures=2), make_tokenizer()).samples) == 2
+    # a fraction has a floor: one or two bad lines never refuse a small file...
+    assert len(data.build_plan(dcfg(sources=[str(p)], max_failures=0.01), make_tokenizer()).samples) == 2
+    # ...but a mostly broken large one is refused
+    big = write_lines(tmp_path / "big.jsonl", [good(i) for i in range(20)] + ["{bad"] * 11)
+    with pytest.raises(data.DataError, match="11 of 31"):
+        data.build_plan(dcfg(sources=[str(big)], max_failures=0.01), make_tokenizer())
+
+
+def test_empty_input_is_an_error(tmp_path):
+    p = write_lines(tmp_path / "empty.jsonl", [""])
+    with pytest.raises(data.DataError, match="no input records"):
+        data.build_plan(dcfg(sources=[str(p)]), make_tokenizer())
+
+
+def test_roles_case_insensitive_and_bom(tmp_path):
+    rows = [{"messages": [{"role": "User", "content": "a"}, {"role": "ASSISTANT", "content": "b"}]},
+            {"conversations": [{"from": "HUMAN", "value": "a"}, {"from": "GPT", "value": "b"}]}]
+    assert data.to_messages(rows[0]) == data.to_messages(rows[1])
+    p = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + good(0).encode(), good(1)])
+    plan = data.build_plan(dcfg(sources=[str(p)]), make_tokenizer())
+    assert len(plan.samples) == 2 and not plan.skipped
+
+
+def test_no_input_crashes_the_plan(tmp_path):
+    """A fuzzed reader: every record becomes a sample or a counted skip, whatever it holds."""
+    import random
+
+    msg = lambda c: json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]})
+    nasty = [msg("\ud800"), msg("a\udfffb"), msg("nul\u0000inside"), "\x00\x00", "[" * 100_000 + "]" * 100_000,
+             "{" * 5000, msg("x" * 2_000_000), json.dumps({"messages": [{"role": 1, "content": "x"}]}),
+             json.dumps({"messages": [{"role": "user", "content": {"a": 1}}]}), json.dumps({"prompt": None}),
+             json.dumps({"prompt": "q", "completion": ["x"]}), json.dumps({"conversations": [None]}),
+             json.dumps({"messages": [None, 3]}), "null", "3", '"str"', "true", "\ufeff\ufeff{}", good(7)]
+    rng = random.Random(0)
+    for _ in range(300):  # byte-level mutations of a good record
+        b = bytearray(good(rng.randrange(1000)).encode())
+        for _ in range(rng.randrange(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        nasty.append(bytes(b))
+    p = write_lines(tmp_path / "fuzz.jsonl", nasty)
+    plan = data.build_plan(dcfg(sources=[str(p)], max_failures=10_000), make_tokenizer())
+    lines = sum(1 for l in p.read_bytes().split(b"\n") if l.strip())
+    assert plan.input == lines and len(plan.samples) + sum(plan.skipped.values()) == plan.input
+    assert plan.skipped["invalid_unicode"] == 2 and plan.skipped["invalid_json"] >= 2
+    assert any(s.source == "fuzz.jsonl:19" for s in plan.samples)  # the good record among them
 
 
 def test_truncate_keeps_the_prefix(tmp_path):
@@ -113,3 +160,5 @@ def test_job_split_partitions_the_input(tmp_path):
     parts = [data.build_plan(dcfg(sources=[str(p)], limit=9, shard_index=k, num_shards=3), tok) for k in range(3)]
     assert sorted(s.id for pt in parts for s in pt.samples) == sorted(s.id for s in whole.samples)
     assert sum(pt.input for pt in parts) == whole.input == 9
+    for k, pt in enumerate(parts):  # the documented rule: record i goes to job i % num_shards
+        assert [s.source for s in pt.samples] == [f"d.jsonl:{i + 1}" for i in range(9) if i % 3 == k]

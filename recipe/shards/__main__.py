@@ -2,7 +2,7 @@
 
   inspect DIR                       summary: counts, sizes, ratio, provenance
   verify DIR                        every checksum, frame and count; exit 1 on any problem
-  export --to specforge|speculators DIR OUT
+  export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT]
   merge OUT IN [IN ...]             one index + manifest over several shard sets
 """
 from __future__ import annotations
@@ -44,9 +44,19 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
         problems += [f"duplicate {kind} {k} in index" for k in dup]
     ends = collections.defaultdict(int)
+    sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
+    lost = collections.defaultdict(list)
+    for rec in r.records:
+        ends[rec["shard"]] = max(ends[rec["shard"]], rec["offset"] + rec["length"])
+        if rec["offset"] + rec["length"] > sizes.get(rec["shard"], -1):
+            lost[rec["shard"]].append(rec["id"])
+    for shard, ids in lost.items():
+        what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
+        problems.append(f"{shard} {what}: {len(ids)} samples lost (a resume redoes them): {', '.join(ids)}")
     for rec in r.records:
         where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
-        ends[rec["shard"]] = max(ends[rec["shard"]], rec["offset"] + rec["length"])
+        if rec["shard"] in lost:
+            continue
         try:
             meta, arrs = decode(r.read_frame(rec), rec["crc32"])
         except (CorruptRecord, OSError) as e:
@@ -61,8 +71,10 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
             problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
     merged = bool((m.get("counts") or {}).get("merged"))
     for shard, end in ends.items():
-        size = (root / SHARD_DIR / shard).stat().st_size
-        if size < end or (size != end and not merged):  # a merged set may skip a duplicate at a shard's end
+        size = sizes.get(shard, 0)
+        if shard in lost:
+            continue
+        if size != end and not merged:  # a merged set may skip a duplicate at a shard's end
             problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
     t = m["totals"]
     if t["samples"] != len(r.records) or t["tokens"] != sum(x["tokens"] for x in r.records):
@@ -88,8 +100,13 @@ def main(argv=None) -> int:
     sub.add_parser("verify").add_argument("dir", type=Path)
     e = sub.add_parser("export")
     e.add_argument("--to", required=True, choices=["specforge", "speculators"])
-    e.add_argument("--final-norm", choices=["refuse", "keep-post-norm"], default="refuse",
-                   help="speculators: its last slot is pre-norm (vLLM); ours is post-norm")
+    e.add_argument("--final-norm", choices=["pre-norm-equivalent", "refuse", "keep-post-norm"],
+                   default="pre-norm-equivalent",
+                   help="speculators: its trainer applies the verifier norm to the last slot, so it must be "
+                        "pre-norm; ours is post-norm and is stored as post/w (w = the final-norm weight)")
+    e.add_argument("--model-dir", type=Path, help="the target checkpoint (default: the manifest's model.path)")
+    e.add_argument("--gzip", action="store_true", help="specforge: data_i.ckpt.gz (its loader reads both)")
+    e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
     e.add_argument("dir", type=Path)
     e.add_argument("out", type=Path)
     mg = sub.add_parser("merge")
@@ -108,11 +125,15 @@ def main(argv=None) -> int:
         from .export import ExportError, export
 
         try:
-            n = export(a.to, a.dir, a.out, final_norm=a.final_norm)
+            info = export(a.to, a.dir, a.out, final_norm=a.final_norm, model_dir=a.model_dir, compress=a.gzip,
+                          overwrite=a.overwrite)
         except ExportError as e:
             print(f"export refused: {e}", file=sys.stderr)
             return 2
-        print(f"exported {n} samples to {a.out} ({a.to})")
+        print(f"exported {info['samples_total']} samples to {a.out} ({a.to}); samples.jsonl maps each file "
+              "to its sample id")
+        print("draft config values these files need (also in export_info.json):")
+        print(json.dumps(info["draft_config"], indent=2))
         return 0
     if a.cmd == "merge":
         from .merge import MergeError, merge

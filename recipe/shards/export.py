@@ -1,73 +1,224 @@
-"""Exporters to the formats trainers read. Layer-id conventions are mapped explicitly, never silently.
+"""Exporters to the on-disk formats draft trainers read, and the per-sample items they share with
+the direct datasets (`recipe.shards.trainers`). Layer-id conventions are mapped explicitly.
 
 Ours: slot `layer_i` = residual stream entering decoder layer i (= HF output_hidden_states[i]);
-`final_post_norm` = last hidden state after the final norm.
+`final_post_norm` = the last hidden state after the final norm.
 
-specforge (offline EAGLE-3 trainer, `specforge_hidden_states_v1`): one torch file per sample,
-  rows_{g}-{g+2000}/data_{idx}.ckpt = {input_ids [1,L], loss_mask [1,L], hidden_state [1,L,H] (final,
-  post-norm), aux_hidden_state [1,L,K*H] (captured layers concatenated, ascending)}.
-  SpecForge names aux layers "output of layer k" (k = our i - 1): export_info.json records both.
-speculators (vLLM extract_hidden_states): one safetensors per sample, hs_{idx}.safetensors =
-  {token_ids [L], hidden_states [L, slots, H]}. Its layer ids are ours (input to layer k = HF
-  hidden_states[k]), but its last slot is the *pre-norm* last layer; ours is post-norm, so the final
-  slot is refused unless --final-norm drop (export captured layers only) or keep-post-norm (stored,
-  and export_info.json says it is post-norm).
+specforge 0.2.0 (`specforge_hidden_states_v1`, as written by its scripts/prepare_hidden_states.py):
+  rows_{g}-{g+2000}/data_{i}.ckpt[.gz], one torch.save dict per sample:
+  input_ids [L] int64, loss_mask [L] int64 (1-D: its loader adds the batch dim), hidden_state
+  [1, L, H] (final, post-norm), aux_hidden_state [1, L, K*H] (captured layers, ascending), bf16.
+  Its `eagle_aux_hidden_state_layer_ids` count "output of layer k": k = our i - 1.
+speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset + FileTransfer):
+  OUT/ is an Arrow dataset (input_ids, loss_mask, seq_len; torch format) and
+  OUT/hidden_states/hs_{i}.safetensors = {token_ids [L], hidden_states [L, K+1, H]}, row i of the
+  dataset aligned with hs_i. Its layer ids are ours. Its last slot must be the *pre-norm* final
+  state: the trainer applies the verifier's norm itself (`verifier_norm` then `verifier_lm_head`).
+  We store post-norm, so the last slot is a pre-norm equivalent: for RMSNorm with weight w,
+  x = post / w has RMS 1 (post = w * h / rms(h)), hence norm(x) = w * x / rms(x) = post, up to eps
+  and one bf16 rounding. It needs only the checkpoint's final-norm weight, no re-extraction.
 """
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import shutil
+import sys
+import time
 from pathlib import Path
 
 from .reader import ShardReader
+
+SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
+FINAL_NORM_MODES = ("pre-norm-equivalent", "refuse", "keep-post-norm")
 
 
 class ExportError(ValueError):
     pass
 
 
-def export(fmt: str, src, out, final_norm: str = "refuse") -> int:
-    r = ShardReader(src)
-    cap = r.manifest["capture"]
-    layers, has_final = list(cap["layers"]), bool(cap["final"])
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    info = {"source": str(Path(src).resolve()), "format": fmt, "our_layers_residual_in": layers,
-            "our_convention": cap["convention"], "model": r.manifest["model"], "samples": {}}
-    if fmt == "specforge":
-        import torch
+# --- per-sample items (the exporters and the direct datasets build exactly these) -------------
 
-        if not has_final:
-            raise ExportError("specforge needs the final hidden state: the shards were captured with capture.final=false")
-        info["specforge_aux_layer_ids_output_of"] = [i - 1 for i in layers]
-        info["note"] = "SpecForge's eagle_aux_hidden_state_layer_ids count 'output of layer k' = our i - 1"
-        K = len(layers)
-        for idx, sid in enumerate(r.ids):
-            x = r.get(sid)
-            h = x["hidden"]  # [L, K+1, H]
-            L, _, H = h.shape
-            g = idx // 2000 * 2000
-            d = out / f"rows_{g}-{g + 2000}"
-            d.mkdir(exist_ok=True)
-            torch.save({"input_ids": x["input_ids"].long()[None], "loss_mask": x["loss_mask"].long()[None],
-                        "hidden_state": h[:, K][None].clone(), "aux_hidden_state": h[:, :K].reshape(L, K * H)[None].clone()},
-                       d / f"data_{idx}.ckpt")
-            info["samples"][sid] = f"{d.name}/data_{idx}.ckpt"
-    elif fmt == "speculators":
-        from safetensors.torch import save_file
+def specforge_raw(x: dict, n_aux: int) -> dict:
+    """One SpecForge feature record, as its offline writer persists it."""
+    h = x["hidden"]  # [L, K+1, H] bf16
+    L, _, H = h.shape
+    return {"input_ids": x["input_ids"].long(), "loss_mask": x["loss_mask"].long(),
+            "hidden_state": h[:, n_aux][None].clone(),
+            "aux_hidden_state": h[:, :n_aux].reshape(L, n_aux * H)[None].clone()}
 
-        if has_final and final_norm == "refuse":
-            raise ExportError("speculators/vLLM store the last layer pre-norm; these shards hold the final state "
-                              "post-norm. Use --final-norm drop (captured layers only) or keep-post-norm "
-                              "(kept, labelled post-norm in export_info.json); nothing was converted silently.")
-        keep = len(layers) + (1 if has_final and final_norm == "keep-post-norm" else 0)
-        info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in layers] + (
-            ["final_post_norm (NOT vLLM's pre-norm last layer)"] if keep > len(layers) else [])
-        for idx, sid in enumerate(r.ids):
-            x = r.get(sid)
-            save_file({"token_ids": x["input_ids"].long().contiguous(), "hidden_states": x["hidden"][:, :keep].contiguous()},
-                      str(out / f"hs_{idx}.safetensors"))
-            info["samples"][sid] = f"hs_{idx}.safetensors"
+
+def speculators_raw(x: dict, n_aux: int, final: str, norm_weight=None) -> dict:
+    """One speculators hs_i record: captured layers, then the final slot as `final` says."""
+    import torch
+
+    h = x["hidden"]
+    slots = [h[:, :n_aux]]
+    if final == "pre-norm-equivalent":
+        slots.append(pre_norm_equivalent(h[:, n_aux], norm_weight)[:, None])
+    elif final == "keep-post-norm":
+        slots.append(h[:, n_aux:n_aux + 1])
+    return {"token_ids": x["input_ids"].long(), "hidden_states": torch.cat(slots, 1).contiguous()}
+
+
+def pre_norm_equivalent(post, weight):
+    """x with rmsnorm(x) * weight == post (see the module docstring); a zero weight maps to 0."""
+    import torch
+
+    w = weight.float()
+    safe = torch.where(w == 0, torch.ones_like(w), w)
+    x = torch.where(w == 0, torch.zeros_like(w), post.float() / safe)
+    return x.to(post.dtype)
+
+
+def final_norm_weight(model_dir: str | Path):
+    """The final RMSNorm weight from a checkpoint's safetensors (`model.norm.weight`, under any
+    prefix such as Kimi-K2.5's `language_model.`)."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    elif (model_dir / "model.safetensors").exists():
+        with safe_open(model_dir / "model.safetensors", "pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}
     else:
-        raise ExportError(f"unknown export format {fmt!r}")
-    (out / "export_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    return len(r.ids)
+        raise ExportError(f"{model_dir} has no model.safetensors[.index.json]: pass --model-dir with the checkpoint")
+    keys = [k for k in weight_map if k == "model.norm.weight" or k.endswith(".model.norm.weight")]
+    if len(keys) != 1:
+        raise ExportError(f"{model_dir}: expected one final-norm weight (*model.norm.weight), found {keys}")
+    with safe_open(model_dir / weight_map[keys[0]], "pt") as f:
+        return f.get_tensor(keys[0])
+
+
+def model_dir_of(reader: ShardReader, model_dir=None) -> Path:
+    path = Path(model_dir or reader.manifest["model"]["path"])
+    if not (path / "config.json").exists():
+        raise ExportError(f"the target checkpoint {path} is not here: pass --model-dir (its final-norm weight "
+                          "makes the pre-norm state speculators trains toward)")
+    return path
+
+
+def draft_config(reader: ShardReader, fmt: str) -> dict:
+    """The values a draft config must match for this data, in the trainer's own convention."""
+    m = reader.manifest
+    layers = list(m["capture"]["layers"])
+    base = {"target_model": m["model"]["name"], "target_model_path": m["model"]["path"],
+            "hidden_size": m["model"]["hidden_size"], "target_num_hidden_layers": m["model"]["num_layers"],
+            "our_layers_residual_in": layers}
+    if fmt == "specforge":
+        return {**base, "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+                "convention": "SpecForge counts 'output of layer k' (k = our i - 1)"}
+    return {**base, "target_layer_ids": layers,
+            "train_args": "--target-layer-ids " + " ".join(map(str, layers)),
+            "convention": "speculators/vLLM count 'input to layer k' (= ours)"}
+
+
+# --- the export command ------------------------------------------------------------------------
+
+def export(fmt: str, src, out, final_norm: str = "pre-norm-equivalent", model_dir=None,
+           compress: bool = False, overwrite: bool = False, log=sys.stderr) -> dict:
+    """Write `src`'s samples in trainer `fmt` to `out`, atomically: the files are built in a
+    sibling staging folder and moved into place at the end, so a refused or failed export leaves
+    nothing and a finished one is complete. Returns export_info."""
+    r = ShardReader(src)
+    out = Path(out)
+    cap = r.manifest["capture"]
+    n_aux, has_final = len(cap["layers"]), bool(cap["final"])
+    if fmt not in ("specforge", "speculators"):
+        raise ExportError(f"unknown export format {fmt!r}: specforge or speculators")
+    if final_norm not in FINAL_NORM_MODES:
+        raise ExportError(f"--final-norm {final_norm!r}: one of {', '.join(FINAL_NORM_MODES)}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty: a trainer would read stale files there. "
+                          "Pass --overwrite to replace it, or choose another folder")
+    if not has_final:
+        raise ExportError(f"{fmt} trains toward the final hidden state: these shards were captured with "
+                          "capture.final=false")
+    norm_w = None
+    if fmt == "speculators":
+        if final_norm == "refuse":
+            raise ExportError("speculators applies the verifier's final norm to its last slot, which must be "
+                              "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
+                              "(the default: exact up to bf16 rounding)")
+        if final_norm == "pre-norm-equivalent":
+            norm_w = final_norm_weight(model_dir_of(r, model_dir))
+    info = {"format": fmt, "source": str(Path(src).resolve()), "samples_total": len(r),
+            "our_convention": cap["convention"], "draft_config": draft_config(r, fmt),
+            "model_fingerprint": r.manifest.get("model_fingerprint")}
+    stage = out.parent / f".{out.name}.export-partial"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        rows, columns = _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log)
+        if fmt == "speculators":
+            _write_arrow(columns, stage)
+            info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in cap["layers"]] + (
+                ["final_pre_norm_equivalent"] if final_norm == "pre-norm-equivalent" else ["final_post_norm"])
+        _write_text(stage / "samples.jsonl", "".join(json.dumps(x) + "\n" for x in rows))
+        _write_text(stage / "export_info.json", json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(stage, out)
+        os.chmod(out, 0o755)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return info
+
+
+def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):
+    """One file per sample, numbered in index order; returns the mapping rows and the columns of
+    speculators' Arrow table."""
+    import torch
+    from safetensors.torch import save_file
+
+    rows, columns = [], {"input_ids": [], "loss_mask": [], "seq_len": []}
+    t0 = last = time.monotonic()
+    nbytes = 0
+    for i, sid in enumerate(r.ids):
+        x = r.get(sid)
+        if fmt == "specforge":
+            g = i // SPECFORGE_GROUP * SPECFORGE_GROUP
+            rel = f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt" + (".gz" if compress else "")
+            (stage / rel).parent.mkdir(exist_ok=True)
+            rec = specforge_raw(x, n_aux)
+            if compress:
+                with gzip.open(stage / rel, "wb", compresslevel=6) as f:
+                    torch.save(rec, f)
+            else:
+                torch.save(rec, stage / rel)
+        else:
+            rel = f"hidden_states/hs_{i}.safetensors"
+            (stage / rel).parent.mkdir(exist_ok=True)
+            save_file(speculators_raw(x, n_aux, final_norm, norm_w), str(stage / rel))
+        os.chmod(stage / rel, 0o644)
+        nbytes += (stage / rel).stat().st_size
+        rows.append({"index": i, "file": rel, "id": sid, "tokens": int(x["input_ids"].shape[0])})
+        if fmt == "speculators":
+            columns["input_ids"].append(x["input_ids"].long().tolist())
+            columns["loss_mask"].append(x["loss_mask"].long().tolist())
+            columns["seq_len"].append(rows[-1]["tokens"])
+        if time.monotonic() - last > 5 or i + 1 == len(r):
+            last, dt = time.monotonic(), max(time.monotonic() - t0, 1e-9)
+            print(f"export {fmt}: {i + 1}/{len(r)} samples, {nbytes / 1e6:.0f} MB written, "
+                  f"{nbytes / 1e6 / dt:.0f} MB/s", file=log, flush=True)
+    return rows, columns
+
+
+def _write_arrow(columns, stage) -> None:
+    """speculators' ArrowDataset reads load_from_disk(OUT), row i beside hidden_states/hs_i."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict(columns)
+    ds.set_format(type="torch")
+    ds.save_to_disk(str(stage))
+    for p in stage.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text)
+    os.chmod(path, 0o644)

@@ -1,8 +1,9 @@
 """Merge shard sets (one per data-parallel job) into one index + manifest.
 
 Shard files are hard-linked into OUT/shards (copied across filesystems) under a per-set prefix; the
-index is rewritten to point at them. Sets must agree on format, model fingerprint and capture spec
-(layers, convention, final norm); a sample present in several sets is kept once and reported.
+index is rewritten to point at them. Sets must agree on what a sample is: format, model
+fingerprint, capture spec, tokenizer and chat template, max_length and overflow (their data split
+may differ). A sample id present in several sets is kept once and reported: ids are unique in OUT.
 """
 from __future__ import annotations
 
@@ -11,7 +12,18 @@ import os
 import shutil
 from pathlib import Path
 
-from .store import INDEX, MANIFEST, PROVENANCE_KEYS, SHARD_DIR, atomic_write, read_index, read_manifest, summarize
+from .store import (IDENTITY, INDEX, MANIFEST, SHARD_DIR, atomic_write, identity_diff, read_index, read_manifest,
+                    summarize)
+
+
+def sample_identity(d: Path, manifest: dict) -> dict:
+    """The part of a set's identity that must agree for its samples to be interchangeable."""
+    p = Path(d) / IDENTITY
+    ident = json.loads(p.read_text()) if p.exists() else manifest
+    data = ident.get("data") or {}
+    return {"format": ident.get("format"), "model_fingerprint": ident.get("model_fingerprint"),
+            "capture": ident.get("capture"), "tokenizer": ident.get("tokenizer"),
+            "max_length": data.get("max_length"), "overflow": data.get("overflow")}
 
 
 class MergeError(ValueError):
@@ -29,10 +41,12 @@ def merge(out, inputs) -> dict:
             raise MergeError(f"{d} has no manifest.json")
         manifests.append(m)
     first = manifests[0]
+    want = sample_identity(inputs[0], first)
     for d, m in zip(inputs[1:], manifests[1:]):
-        for k in PROVENANCE_KEYS:
-            if m.get(k) != first.get(k):
-                raise MergeError(f"{d} differs from {inputs[0]} in {k!r}:\n  {m.get(k)}\n  vs {first.get(k)}")
+        diff = identity_diff(want, sample_identity(d, m))
+        if diff:
+            raise MergeError(f"{d} and {inputs[0]} hold different samples (on disk = the first set):\n  "
+                             + "\n  ".join(diff))
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     records, seen, duplicates = [], set(), []
     for k, d in enumerate(inputs):
@@ -44,10 +58,10 @@ def merge(out, inputs) -> dict:
             except OSError:
                 shutil.copy2(f, dst)
         for r in read_index(d):
-            if r["key"] in seen:
+            if r["id"] in seen:
                 duplicates.append({"id": r["id"], "set": str(d)})
                 continue
-            seen.add(r["key"])
+            seen.add(r["id"])
             records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
     atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
     counts = {"merged": True, "input": 0, "ok": len(records), "skipped": {}, "failed": {}, "duplicates": len(duplicates)}
@@ -58,6 +72,12 @@ def merge(out, inputs) -> dict:
             for reason, n in (c.get(kind) or {}).items():
                 counts[kind][reason] = counts[kind].get(reason, 0) + n
     manifest = {k: first[k] for k in ("format", "model_fingerprint", "capture", "model", "tokenizer") if k in first}
+    ident = Path(inputs[0]) / IDENTITY
+    if ident.exists():  # the merged set's identity: the first set's, without its job split
+        merged_identity = json.loads(ident.read_text())
+        merged_identity["data"] = {**merged_identity.get("data", {}), "sources": "merged", "shard_index": None,
+                                   "num_shards": None}
+        atomic_write(out / IDENTITY, (json.dumps(merged_identity, indent=2) + "\n").encode())
     manifest.update({
         "versions": first.get("versions"), "backend": first.get("backend"), "codec": first.get("codec"),
         "merged_from": [{"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}

@@ -85,18 +85,15 @@ class ShardReader:
         self._fds = {}
 
 
-def HiddenStatesDataset(root: str | Path):
-    """A map-style torch Dataset over one shard directory (index order)."""
-    import torch.utils.data
+class HiddenStatesDataset:
+    """A map-style dataset over one shard directory (index order) for torch's DataLoader. Defined at
+    module level and holding no open handles when pickled, so spawn/forkserver workers get it."""
 
-    class _DS(torch.utils.data.Dataset):
-        def __init__(self):
-            self.reader = ShardReader(root)
+    def __init__(self, root: str | Path):
+        self.reader = ShardReader(root)
 
-        def __len__(self):
-            return len(self.reader)
+    def __len__(self) -> int:
+        return len(self.reader)
 
-        def __getitem__(self, i):
-            return self.reader.get(self.reader.records[i]["id"])
-
-    return _DS()
+    def __getitem__(self, i: int) -> dict:
+        return self.reader.get(self.reader.records[i]["id"])

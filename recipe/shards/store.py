@@ -1,11 +1,17 @@
 """The durable side of the pipeline: shard files, the index and the manifest of one output directory.
 
+Identity: identity.json (format, model, capture, tokenizer, data) is written durably before the
+first sample and checked on every open, so a resume with another configuration is refused even
+after a run that was killed before it wrote any manifest.
+
 Crash-safety order (what makes resume exact):
   1. sample frames are appended to the current shard file;
   2. commit(): the shard is fsynced, *then* their index lines are appended to index.jsonl and fsynced;
   3. on open, a torn last index line is dropped and each shard is truncated to the end of its last
-     indexed record, so bytes written after the last commit vanish and are redone.
-manifest.json is only ever replaced whole (temp file, fsync, rename).
+     indexed record, so bytes written after the last commit vanish and are redone;
+  4. indexed samples whose shard is missing or cut short are dropped from the index (and redone).
+manifest.json and identity.json are only ever replaced whole (temp file, fsync, rename). Shard names
+are never reused: a new shard is numbered past every name on disk and in the index.
 """
 from __future__ import annotations
 
@@ -17,13 +23,30 @@ from pathlib import Path
 
 INDEX = "index.jsonl"
 MANIFEST = "manifest.json"
+IDENTITY = "identity.json"
 SHARD_DIR = "shards"
-# A resumed run must capture the same thing: these manifest fields must match exactly.
+# What a shard set *is*; a resume must agree on every field of the identity (see recipe.provenance).
 PROVENANCE_KEYS = ("format", "model_fingerprint", "capture")
 
 
 class ProvenanceMismatch(RuntimeError):
     pass
+
+
+def identity_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Human-readable differences between two identities, one 'key: on disk X, this run Y' each."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += identity_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: on disk {json.dumps(a)}, this run {json.dumps(b)}")
+    return out
+
+
+def shard_number(name: str) -> int:
+    return int(name.split("-")[-1].split(".")[0])
 
 
 class OutputLocked(RuntimeError):
@@ -91,7 +114,8 @@ def read_manifest(root: Path) -> dict | None:
 class ShardStore:
     """Single writer of one output directory (an flock enforces it)."""
 
-    def __init__(self, root: str | Path, provenance: dict, max_shard_bytes: int = 4 << 30):
+    def __init__(self, root: str | Path, identity: dict, provenance: dict | None = None,
+                 max_shard_bytes: int = 4 << 30):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / SHARD_DIR).mkdir(exist_ok=True)
@@ -99,59 +123,103 @@ class ShardStore:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._lock.close()
             raise OutputLocked(f"{self.root} is being written by another process (.lock held)") from None
-        self.provenance = provenance
+        self.provenance = {**identity, **(provenance or {})}
         self.max_shard_bytes = max_shard_bytes
-        old = read_manifest(self.root)
-        if old is not None:
-            for k in PROVENANCE_KEYS:
-                if old.get(k) != provenance.get(k):
-                    raise ProvenanceMismatch(
-                        f"{self.root} holds shards made with a different {k!r}:\n  on disk: {old.get(k)}\n"
-                        f"  this run: {provenance.get(k)}\nUse another output_dir, or the same config to resume.")
+        try:
+            self._check_identity(identity)
+        except BaseException:
+            self._lock.close()
+            raise
         self.records = read_index(self.root, repair=True)
-        self.keys = {r["key"] for r in self.records}
         self._repair_shards()
+        self.keys = {r["key"] for r in self.records}
+        self.ids = {r["id"] for r in self.records}
         self._pending: list[dict] = []
         self._index = open(self.root / INDEX, "ab")
         self._open_shard()
 
-    # -- resume ------------------------------------------------------------------------------
+    # -- identity and resume --------------------------------------------------------------
+    def _check_identity(self, identity: dict) -> None:
+        path = self.root / IDENTITY
+        if path.exists():
+            old = json.loads(path.read_text())
+        else:  # a set from before identity.json: its manifest holds the keys that mattered then
+            manifest = read_manifest(self.root)
+            if manifest is None and read_index(self.root):
+                raise ProvenanceMismatch(f"{self.root} holds samples but neither identity.json nor manifest.json: "
+                                         "its configuration is unknown; use another output_dir")
+            old = {k: manifest.get(k) for k in PROVENANCE_KEYS} if manifest else None
+            identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
+            if old is not None and old != identity_to_check:
+                raise ProvenanceMismatch(self._mismatch(identity_diff(old, identity_to_check)))
+            atomic_write(path, (json.dumps(identity, indent=2) + "\n").encode())
+            return
+        diff = identity_diff(old, identity)
+        if diff:
+            raise ProvenanceMismatch(self._mismatch(diff))
+
+    def _mismatch(self, diff: list[str]) -> str:
+        return (f"{self.root} holds shards made with another configuration; resuming would mix them:\n  "
+                + "\n  ".join(diff) + f"\nResume with the configuration on disk ({self.root / IDENTITY}), "
+                "or write to another output_dir=...")
+
     def _repair_shards(self) -> None:
+        """Cut uncommitted tails; drop indexed samples whose bytes are gone (they are redone)."""
+        shard_dir = self.root / SHARD_DIR
+        sizes = {f.name: f.stat().st_size for f in shard_dir.glob("shard-*.bin")}
+        kept = [r for r in self.records if r["offset"] + r["length"] <= sizes.get(r["shard"], -1)]
+        self.lost = [r["id"] for r in self.records if r not in kept]
+        if self.lost:
+            self.records = kept
+            atomic_write(self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n"
+                                                     for r in kept))
         ends: dict[str, int] = {}
         for r in self.records:
             ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
         self.repaired = []
-        for f in sorted((self.root / SHARD_DIR).glob("shard-*.bin")):
-            size, want = f.stat().st_size, ends.get(f.name, 0)
-            if size < want:
-                raise ValueError(f"{f} is shorter ({size} B) than its indexed records ({want} B): data lost")
+        for name, size in sorted(sizes.items()):
+            f, want = shard_dir / name, ends.get(name, 0)
             if size > want:  # bytes after the last commit: an interrupted run; they are redone
                 with open(f, "r+b") as fh:
                     fh.truncate(want)
                     os.fsync(fh.fileno())
                 self.repaired.append((f.name, size - want))
 
+    def _shard_names(self) -> list[str]:
+        disk = [f.name for f in (self.root / SHARD_DIR).glob("shard-*.bin")]
+        return sorted(set(disk) | {r["shard"] for r in self.records}, key=shard_number)
+
+    def _new_shard_path(self) -> Path:
+        """Numbered past every shard name on disk, in the index and ever handed out (shards/NEXT,
+        written before the file is made): a name is never reused, even after a shard was deleted."""
+        names = self._shard_names()
+        nxt = self.root / SHARD_DIR / "NEXT"
+        n = max(shard_number(names[-1]) + 1 if names else 0, int(nxt.read_text()) if nxt.exists() else 0)
+        atomic_write(nxt, f"{n + 1}\n".encode())
+        return self.root / SHARD_DIR / f"shard-{n:05d}.bin"
+
     def _open_shard(self) -> None:
-        existing = sorted((self.root / SHARD_DIR).glob("shard-*.bin"))
-        # continue the last shard while it has room; never reopen older ones
-        if existing and existing[-1].stat().st_size < self.max_shard_bytes:
-            path = existing[-1]
+        """Continue the newest shard while it has room; never reopen older ones."""
+        names = self._shard_names()
+        newest = self.root / SHARD_DIR / names[-1] if names else None
+        if newest is not None and newest.exists() and newest.stat().st_size < self.max_shard_bytes:
+            path = newest
         else:
-            path = self.root / SHARD_DIR / f"shard-{len(existing):05d}.bin"
+            path = self._new_shard_path()
         self._shard_path = path
         self._shard = open(path, "ab")
         self._shard_size = self._shard.tell()
 
     # -- writing -----------------------------------------------------------------------------
     def append(self, sample_id: str, key: str, frame: bytes, tokens: int, raw_bytes: int, **extra) -> None:
-        if key in self.keys:
+        if key in self.keys or sample_id in self.ids:
             raise ValueError(f"sample {sample_id} (key {key}) is already stored")
         if self._shard_size and self._shard_size + len(frame) > self.max_shard_bytes:
             self.commit()
             self._shard.close()
-            n = len(list((self.root / SHARD_DIR).glob("shard-*.bin")))
-            self._shard_path = self.root / SHARD_DIR / f"shard-{n:05d}.bin"
+            self._shard_path = self._new_shard_path()
             self._shard = open(self._shard_path, "ab")
             self._shard_size = 0
         self._shard.write(frame)
@@ -160,6 +228,7 @@ class ShardStore:
         self._shard_size += len(frame)
         self._pending.append(rec)
         self.keys.add(key)
+        self.ids.add(sample_id)
 
     def commit(self) -> list[dict]:
         """Make every appended sample durable. Returns the records committed now."""
