@@ -131,6 +131,12 @@ class Packer:
         self._thread.start()
         return self
 
+    def __enter__(self) -> "Packer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every expected request is stored or failed (raises the packer's own error)."""
         t0 = time.monotonic()

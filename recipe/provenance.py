@@ -32,7 +32,8 @@ def model_fingerprint(model_dir: Path) -> str:
 def tokenizer_provenance(model_dir: Path, tokenizer) -> dict:
     """Hashes of the tokenizer files, the chat template and any remote code (*.py) beside them."""
     files = {p.name: file_sha256(p) for p in sorted(model_dir.iterdir())
-             if p.is_file() and (p.name.startswith("tokeniz") or p.suffix in (".model", ".tiktoken"))}
+             if p.is_file() and (p.name.startswith(("tokeniz", "special_tokens", "chat_template"))
+                                 or p.suffix in (".model", ".tiktoken", ".jinja"))}
     code = {p.name: file_sha256(p) for p in sorted(model_dir.glob("*.py"))}
     return {"sha256": files.get("tokenizer.json"), "files": files, "remote_code": code or None,
             "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()}
@@ -53,7 +54,7 @@ def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dic
     return {"format": f"recipe-hidden-states/{FORMAT_VERSION}", "model_fingerprint": fingerprint,
             "capture": capture_spec(cfg), "tokenizer": tokenizer,
             "data": {"sources": [{"source": s["source"], "sha256": s["sha256"]} for s in sources],
-                     "max_length": cfg.data.max_length, "overflow": str(cfg.data.overflow),
+                     "max_length": cfg.data.max_length, "overflow": cfg.data.overflow.value,
                      "shard_index": cfg.data.shard_index, "num_shards": cfg.data.num_shards}}
 
 

@@ -1,7 +1,8 @@
 """The config schema. Hydra merges conf/ onto it, so a typo'd key or a wrong type fails at compose time."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -10,6 +11,17 @@ from omegaconf import MISSING
 CONVENTION = ("residual_in: slot for layer i is the residual stream entering decoder layer i "
               "(= HF output_hidden_states[i], 0 = embeddings); the final slot is the last hidden state "
               "after the model's final norm (= HF output_hidden_states[num_layers])")
+
+
+class Overflow(str, Enum):
+    truncate = "truncate"  # keep the first max_length tokens
+    skip = "skip"  # count the record as skipped (too_long)
+
+
+class Transform(str, Enum):
+    byteplane = "byteplane"  # bf16 words as high bytes then low bytes: 1.44x with zstd-1 on real activations
+    none = "none"
+
 
 
 @dataclass
@@ -69,7 +81,7 @@ class CaptureConfig:
 class DataConfig:
     sources: List[str] = MISSING
     max_length: int = 4096
-    overflow: str = "truncate"  # truncate | skip
+    overflow: Overflow = Overflow.truncate
     limit: Optional[int] = None
     shard_index: int = 0
     num_shards: int = 1
@@ -88,7 +100,7 @@ class ClientConfig:
 class ShardsConfig:
     max_shard_gb: float = 4.0
     zstd_level: int = 1
-    transform: str = "byteplane"  # byteplane | none (docs/benchmarks.md says why)
+    transform: Transform = Transform.byteplane  # docs/benchmarks.md says why
     workers: int = 4  # compression threads in the packer
     commit_every: int = 64
 
@@ -106,6 +118,74 @@ class Config:
     output_dir: str = MISSING
     log_every_s: float = 10.0
     dry_run: bool = False  # plan + preflight only
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def unknown_keys(node, schema_cls, prefix: str = "") -> list[str]:
+    """Keys the schema does not declare. A `+key=value` override adds any key, typos included (it is
+    Hydra's own hint after a typo), and would otherwise be silently ignored."""
+    declared = {f.name: f.type for f in fields(schema_cls)}
+    out = []
+    for key in node:
+        if key not in declared:
+            out.append(prefix + str(key))
+            continue
+        child = getattr(schema_cls, "__annotations__", {}).get(key)
+        sub = _SECTIONS.get(child if isinstance(child, str) else getattr(child, "__name__", ""))
+        if sub is not None:
+            out += unknown_keys(node[key], sub, f"{prefix}{key}.")
+    return out
+
+
+def validate(cfg) -> None:
+    """What types cannot say: unknown keys, ranges, relations. Runs first, before any work."""
+    unknown = unknown_keys(cfg, Config)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: a typo? `python -m recipe --cfg job` "
+                          "prints every key")
+    d, s, c, cl, srv = cfg.data, cfg.shards, cfg.capture, cfg.client, cfg.server
+    checks = [
+        (d.max_length >= 1, f"data.max_length={d.max_length} must be >= 1"),
+        (d.limit is None or d.limit >= 1, f"data.limit={d.limit} must be >= 1 (or null for all)"),
+        (d.max_failures >= 0, f"data.max_failures={d.max_failures} must be >= 0"),
+        (d.num_shards >= 1, f"data.num_shards={d.num_shards} must be >= 1"),
+        (0 <= d.shard_index < max(d.num_shards, 1),
+         f"data.shard_index={d.shard_index} not in [0, data.num_shards={d.num_shards})"),
+        (-7 <= s.zstd_level <= 22 and s.zstd_level != 0, f"shards.zstd_level={s.zstd_level}: zstd levels are -7..-1, 1..22"),
+        (s.workers >= 1, f"shards.workers={s.workers} must be >= 1"),
+        (s.commit_every >= 1, f"shards.commit_every={s.commit_every} must be >= 1"),
+        (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),
+        (c.budget_gb > 0, f"capture.budget_gb={c.budget_gb} must be > 0"),
+        (c.dump_timeout_s > 0, f"capture.dump_timeout_s={c.dump_timeout_s} must be > 0"),
+        (cl.concurrency >= 1, f"client.concurrency={cl.concurrency} must be >= 1"),
+        (cl.retries >= 0, f"client.retries={cl.retries} must be >= 0"),
+        (cl.timeout_s > 0, f"client.timeout_s={cl.timeout_s} must be > 0"),
+        (1 <= srv.port <= 65535, f"server.port={srv.port} must be in 1..65535"),
+        (cfg.log_every_s > 0, f"log_every_s={cfg.log_every_s} must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    layers, n = list(c.layers), cfg.model.num_layers
+    if not layers and not c.final:
+        raise ConfigError("capture.layers is empty and capture.final is false: nothing to capture")
+    if layers != sorted(set(layers)):
+        raise ConfigError(f"capture.layers must be ascending and unique, got {layers}")
+    if layers and (layers[0] < 0 or layers[-1] >= n):
+        raise ConfigError(f"capture.layers {layers} out of range for {n} layers: index i is the residual stream "
+                          f"entering layer i, so 0 <= i < {n}; use capture.final for the last state")
+    if cfg.backend.name == "sglang" and layers and layers[0] == 0:
+        raise ConfigError("backend=sglang cannot capture layer 0 (the embeddings): SGLang adds the residual, "
+                          "which does not exist yet before layer 0")
+    if cfg.backend.name not in ("hf", "sglang"):
+        raise ConfigError(f"backend.name must be hf or sglang, got {cfg.backend.name!r}")
+
+
+_SECTIONS = {c.__name__: c for c in (ModelConfig, BackendConfig, ServerConfig, NcclConfig, CaptureConfig, DataConfig,
+                                     ClientConfig, ShardsConfig)}
 
 
 def register() -> None:

@@ -42,6 +42,18 @@ class HFBackend:
         self.layers, self.final = list(layers), final
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
+    @classmethod
+    def from_config(cls, backend, capture, model, model_dir) -> "HFBackend":
+        return cls(model_dir, list(capture.layers), capture.final, device=backend.device, dtype=model.dtype,
+                   batch_tokens=backend.batch_tokens, batch_size=backend.batch_size,
+                   attn_implementation=backend.attn_implementation)
+
+    def __enter__(self) -> "HFBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def hidden_states(self, input_ids_list):
         """-> list of [n_i, slots, H] tensors (CPU), one per sequence, padding removed."""
         torch = self.torch

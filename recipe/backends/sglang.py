@@ -6,13 +6,18 @@ runs the client and the packer. Nothing here imports sglang: it only launches it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections import deque
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from omegaconf import OmegaConf
@@ -82,24 +87,79 @@ def server_env(cfg, dump_dir: Path, base=None) -> dict:
     return env
 
 
-class Server:
-    """One server process tree: started in its own session so stop() ends all its workers."""
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
 
-    def __init__(self, argv, env, log_path: Path, url: str, ready_timeout_s: float):
+
+def _die_with_parent(parent: int):
+    """In the server's child process, before exec: the kernel SIGKILLs it when the recipe dies,
+    however it dies (kill -9 included). Only a syscall here: the parent has threads running."""
+    def f():
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the recipe died before the prctl took effect
+            os._exit(1)
+    return f
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot: with the pid, a process's identity."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+class Server:
+    """One server process tree: started in its own session so stop() ends all its workers, tied to
+    the recipe's life (parent-death signal), and recorded in `pid_file` so that a resume after a
+    kill -9 stops any worker that outlived it before starting its own."""
+
+    def __init__(self, argv, env, log_path: Path, url: str, ready_timeout_s: float, pid_file: Path | None = None):
         self.argv, self.env, self.log_path, self.url, self.ready_timeout_s = argv, env, Path(log_path), url, ready_timeout_s
+        self.pid_file = pid_file
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
     def start(self) -> None:
+        self.reap_leftover()
+        host, port = urlsplit(self.url).hostname, urlsplit(self.url).port
+        if port_in_use(host, port):
+            raise ServerError(f"{host}:{port} is already in use by a server this run did not start: stop it, pick "
+                              "another server.port=..., or set server.launch=false to use it on purpose")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         logf = open(self.log_path, "ab")
         logf.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
         logf.flush()
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
         logf.close()
+        if self.pid_file is not None:
+            self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "start": proc_start_time(self.proc.pid)}))
         log.info("server started (pid %d), log: %s", self.proc.pid, self.log_path)
+
+    def reap_leftover(self) -> None:
+        """A server an earlier, killed run launched for this output directory: its session is
+        killed (the process itself, if still the same one, and every worker it left)."""
+        if self.pid_file is None or not self.pid_file.exists():
+            return
+        try:
+            rec = json.loads(self.pid_file.read_text())
+        except (OSError, ValueError):
+            rec = {}
+        pid = rec.get("pid")
+        if pid and proc_start_time(pid) == rec.get("start"):  # the same process, not a reused pid
+            log.warning("stopping server pid %d left running by an earlier run of this output directory", pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            subprocess.run(["pkill", "-KILL", "-s", str(pid)], check=False, capture_output=True)
+        self.pid_file.unlink(missing_ok=True)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -142,6 +202,8 @@ class Server:
                 continue
         # children that left the group (rare) are still in the session: make sure none survives
         subprocess.run(["pkill", "-KILL", "-s", str(self.proc.pid)], check=False, capture_output=True)
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
         log.info("server stopped")
 
     def log_tail(self, n: int = 60) -> str:
@@ -168,7 +230,7 @@ class SGLangBackend:
         self.url = f"http://{cfg.server.host}:{cfg.server.port}"
         run_dir = Path(run_dir or hydra_run_dir() or Path(cfg.output_dir) / "logs")
         self.server = Server(server_argv(cfg, model_dir), server_env(cfg, dump_dir), run_dir / "server.log",
-                             self.url, cfg.server.ready_timeout_s)
+                             self.url, cfg.server.ready_timeout_s, pid_file=Path(cfg.output_dir) / ".server.json")
         self.budget = int(cfg.capture.budget_gb * (1 << 30))
         self.restarts = 0
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
@@ -182,6 +244,12 @@ class SGLangBackend:
     def close(self) -> None:
         if self.cfg.server.launch:
             self.server.stop()
+
+    def __enter__(self) -> "SGLangBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- client --------------------------------------------------------------------------------
     async def _send_all(self, samples, packer, rid_of, should_stop) -> None:

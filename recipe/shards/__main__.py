@@ -4,6 +4,7 @@
   verify DIR                        every checksum, frame and count; exit 1 on any problem
   export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT]
   merge OUT IN [IN ...]             one index + manifest over several shard sets
+  rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import collections
 import json
 import sys
 from pathlib import Path
+
+import zlib
+
+import numpy as np
+import zstandard
 
 from .codec import CorruptRecord, decode
 from .reader import ShardReader
@@ -92,6 +98,48 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     return problems
 
 
+def scan_shard(path: Path):
+    """Yields (offset, frame bytes) for each zstd frame in a shard, in order, without the index:
+    frames are self-delimiting. Stops at a truncated tail."""
+    with open(path, "rb") as f:
+        offset, pending = 0, b""
+        while True:
+            dobj, frame = zstandard.ZstdDecompressor().decompressobj(), []
+            data = pending or f.read(1 << 20)
+            while data:
+                dobj.decompress(data)
+                if dobj.eof:
+                    used = len(data) - len(dobj.unused_data)
+                    frame.append(data[:used])
+                    pending = dobj.unused_data
+                    break
+                frame.append(data)
+                data = f.read(1 << 20)
+            if not dobj.eof:
+                return  # end of file (or a torn last frame)
+            raw = b"".join(frame)
+            yield offset, raw
+            offset += len(raw)
+            if not pending:
+                pending = f.read(1 << 20)
+                if not pending:
+                    return
+
+
+def rebuild_index(root: Path) -> list[dict]:
+    """Index records recovered from the shards alone (docs/FORMAT.md: frames carry their meta)."""
+    out = []
+    for shard in sorted((root / SHARD_DIR).glob("*.bin")):
+        for offset, frame in scan_shard(shard):
+            meta, arrs = decode(frame)
+            ids, mask, hid = arrs["input_ids"], arrs["loss_mask"], arrs["hidden"]
+            out.append({"id": meta["id"], "key": meta["key"], "shard": shard.name, "offset": offset,
+                        "length": len(frame), "tokens": int(ids.shape[0]),
+                        "raw_bytes": int(ids.nbytes + hid.nbytes + mask.nbytes), "crc32": zlib.crc32(frame),
+                        "loss_tokens": int(np.asarray(mask).sum()), "source": meta.get("source")})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m recipe.shards", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,6 +157,7 @@ def main(argv=None) -> int:
     e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
     e.add_argument("dir", type=Path)
     e.add_argument("out", type=Path)
+    sub.add_parser("rebuild-index").add_argument("dir", type=Path)
     mg = sub.add_parser("merge")
     mg.add_argument("out", type=Path)
     mg.add_argument("inputs", type=Path, nargs="+")
@@ -134,6 +183,12 @@ def main(argv=None) -> int:
               "to its sample id")
         print("draft config values these files need (also in export_info.json):")
         print(json.dumps(info["draft_config"], indent=2))
+        return 0
+    if a.cmd == "rebuild-index":
+        recs = rebuild_index(a.dir)
+        dest = a.dir / "index.rebuilt.jsonl"
+        dest.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
+        print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")
         return 0
     if a.cmd == "merge":
         from .merge import MergeError, merge

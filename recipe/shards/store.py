@@ -248,7 +248,15 @@ class ShardStore:
         atomic_write(self.root / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
         return manifest
 
+    def __enter__(self) -> "ShardStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
+        if self._lock.closed:
+            return
         try:
             self.commit()
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
