@@ -66,8 +66,9 @@ def random_normal(tokens: int, hidden: int = 384):
     return (f.view(np.uint32) + 0x8000 >> 16).astype(np.uint16), {"tokens": tokens}  # round to bf16
 
 
-def measure(h: np.ndarray, transform: str, level: int, repeat: int):
-    codec = Codec(level=level, transform=transform)
+def measure(h: np.ndarray, transform: str, level: str, repeat: int):
+    """level: a zstd level, or E for the recipe's default entropy-only tuning (shards.entropy_only)."""
+    codec = Codec(level=1, transform=transform, entropy_only=True) if level == "E" else Codec(int(level), transform)
     tensors = {"hidden": ("bfloat16", h)}
     best_c = best_d = float("inf")
     for _ in range(repeat):
@@ -86,7 +87,7 @@ def measure(h: np.ndarray, transform: str, level: int, repeat: int):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--levels", default="1,3,6,9")
+    ap.add_argument("--levels", default="E,1,3,6,9", help="zstd levels; E = entropy-only (the default codec)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -95,7 +96,7 @@ def main():
     for name, (h, info) in sets.items():
         b = h.reshape(-1).view(np.uint8).reshape(-1, 2)
         e_hi, e_lo = entropy_bits(b[:, 1]), entropy_bits(b[:, 0])
-        rows = [measure(h, t, lvl, a.repeat) for t in ("none", "byteplane") for lvl in map(int, a.levels.split(","))]
+        rows = [measure(h, t, lvl, a.repeat) for t in ("none", "byteplane") for lvl in a.levels.split(",")]
         bound = 16 / (e_hi + e_lo)
         for r in rows:
             r["of_entropy_bound"] = round(r["ratio"] / bound, 4)
@@ -104,7 +105,7 @@ def main():
         print(f"\n{name}: {info}  high-plane H0 {e_hi:.3f} b, low-plane H0 {e_lo:.3f} b -> bound {bound:.3f}x")
         print(f"{'transform':10s} {'lvl':>3s} {'ratio':>7s} {'of bound':>8s} {'comp MB/s':>10s} {'decomp MB/s':>11s}")
         for r in rows:
-            print(f"{r['transform']:10s} {r['level']:3d} {r['ratio']:7.3f} {r['of_entropy_bound']:8.3f} "
+            print(f"{r['transform']:10s} {r['level']:>3s} {r['ratio']:7.3f} {r['of_entropy_bound']:8.3f} "
                   f"{r['compress_MB_s']:10.1f} {r['decompress_MB_s']:11.1f}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -7,8 +7,13 @@
 Every arm sends the same prompts with the recipe's own async client (max_new_tokens 0), after an
 untimed warm-up. Prints one JSON object (also written to --out).
 
-  python bench/prefill.py --model-dir /tmp/llama8b-shape --samples 300 --out bench.json   # GPU host
-  python bench/prefill.py --fake --samples 20                                              # CPU plumbing check
+The weights are real random weights at the usual init scale (normal, std 0.02; norms 1), made once
+on the GPU and saved as bf16 safetensors: their activations compress like a trained model's (the
+run prints its ratio beside the real-activation ratio of bench/codec.py), where `--load-format dummy`
+activations compress 2.8x and flatter the packer.
+
+  python bench/prefill.py --model-dir /tmp/llama8b --samples 300 --out bench.json           # GPU host
+  python bench/prefill.py --fake --samples 20                                               # CPU plumbing check
 """
 from __future__ import annotations
 
@@ -26,8 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import compose  # noqa: E402
+from hydra import compose as hydra_compose  # noqa: E402
+from hydra import initialize_config_dir  # noqa: E402
+
+from recipe import schema  # noqa: E402
 from recipe.backends.sglang import SGLangBackend  # noqa: E402
+from recipe.main import CONF_DIR  # noqa: E402
 from recipe.capture import records  # noqa: E402
 from recipe.data import Sample  # noqa: E402
 from recipe.packer import Packer, Progress  # noqa: E402
@@ -39,6 +48,47 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16",
                 architectures=["LlamaForCausalLM"], model_type="llama", bos_token_id=128000, eos_token_id=128001,
                 hidden_act="silu")
+
+
+REAL_ACTIVATION_RATIO = 1.448  # bench/codec.py, docs/codec-2026-11-30.json: trained model, default codec
+
+
+def compose(overrides):
+    schema.register()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def make_weights(model_dir: Path) -> None:
+    """Init-scale random weights for the 8B shape, generated on the GPU, saved once (~16 GB)."""
+    import torch
+    from safetensors.torch import save_file
+
+    if (model_dir / "model.safetensors.index.json").exists():
+        return
+    c, g = LLAMA_8B, torch.Generator(device="cuda").manual_seed(0)
+    H, F, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    kv = H // c["num_attention_heads"] * c["num_key_value_heads"]
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
+
+    files, weight_map = [], {}
+    top = {"model.embed_tokens.weight": w(V, H), "lm_head.weight": w(V, H),
+           "model.norm.weight": torch.ones(H, dtype=torch.bfloat16)}
+    files.append(("model-top.safetensors", top))
+    for i in range(L):
+        p = f"model.layers.{i}."
+        files.append((f"model-{i:03d}.safetensors", {
+            p + "self_attn.q_proj.weight": w(H, H), p + "self_attn.k_proj.weight": w(kv, H),
+            p + "self_attn.v_proj.weight": w(kv, H), p + "self_attn.o_proj.weight": w(H, H),
+            p + "mlp.gate_proj.weight": w(F, H), p + "mlp.up_proj.weight": w(F, H), p + "mlp.down_proj.weight": w(H, F),
+            p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16)}))
+    for name, tensors in files:
+        save_file(tensors, str(model_dir / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in tensors})
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 class NullPacker:
@@ -71,12 +121,12 @@ def arm(name, args, model_dir, samples, warm):
             f"server.port={args.port}", "server.ready_timeout_s=600", f"client.concurrency={args.concurrency}",
             f"server.args.mem_fraction_static={args.mem_fraction}", f"server.args.chunked_prefill_size={args.chunk}",
             f"server.args.attention_backend={args.attention_backend}", f"capture.budget_gb={args.budget_gb}",
-            f"shards.workers={args.workers}", f"shards.zstd_level={args.level}", "capture.dump_timeout_s=120"]
+            f"shards.workers={args.workers}", "capture.dump_timeout_s=120", f"server.args.tp_size={args.tp}",
+            "+server.args.enforce_disable_flashinfer_allreduce_fusion=true"]
     if args.fake:
         over += [f"server.command=[{sys.executable},{ROOT / 'tests' / 'fake_sglang.py'}]", "model.num_layers=4",
-                 "model.hidden_size=64", "model.default_layers=[1,2,3]"]
-    else:
-        over += ["+server.args.load_format=dummy"]
+                 "model.hidden_size=64", "model.default_layers=[1,2,3]", "server.args.tp_size=1",
+                 "~server.args.enforce_disable_flashinfer_allreduce_fusion"]
     cfg = compose(over)
     be = SGLangBackend(cfg, model_dir, dump_parent, run_dir=Path(args.work) / f"logs-{name}")
     if name == "plain":
@@ -103,8 +153,8 @@ def arm(name, args, model_dir, samples, warm):
         out = Path(args.work) / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
         if name == "dump":
-            store = ShardStore(out, {"format": "bench", "model_fingerprint": "dummy", "capture": {}})
-            packer = Packer(dump_parent, store, Codec(args.level, args.transform), ["l2", "l16", "l29", "final"],
+            store = ShardStore(out, {"format": "bench", "model_fingerprint": "random-init", "capture": {}})
+            packer = Packer(dump_parent, store, Codec(1, "byteplane", entropy_only=True), ["l2", "l16", "l29", "final"],
                             workers=args.workers, dump_timeout_s=120, progress=Progress(len(samples), 5.0)).start()
         else:
             packer = NullPacker()
@@ -118,7 +168,9 @@ def arm(name, args, model_dir, samples, warm):
             packer.stop()
             tot = store.write_manifest({})["totals"]
             store.close()
-            result.update(stored=tot, ratio=round(tot["raw_bytes"] / tot["stored_bytes"], 4),
+            ratio = tot["raw_bytes"] / tot["stored_bytes"]
+            result.update(stored=tot, ratio=round(ratio, 4), real_activation_ratio=REAL_ACTIVATION_RATIO,
+                          ratio_vs_real=round(ratio / REAL_ACTIVATION_RATIO, 4),
                           bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1), failed=dict(packer.failed),
                           ok=packer.ok)
         else:
@@ -139,7 +191,8 @@ def arm(name, args, model_dir, samples, warm):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", default="/tmp/llama8b-shape")
+    ap.add_argument("--model-dir", default="/tmp/llama8b")
+    ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=32)
     ap.add_argument("--min-len", type=int, default=512)
@@ -151,8 +204,6 @@ def main():
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--budget-gb", type=float, default=16)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--level", type=int, default=3)
-    ap.add_argument("--transform", default="byteplane")
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--work", default="/tmp/bench")
@@ -167,6 +218,9 @@ def main():
         model_dir, vocab = Path(args.model_dir), LLAMA_8B["vocab_size"]
         model_dir.mkdir(parents=True, exist_ok=True)
         (model_dir / "config.json").write_text(json.dumps(LLAMA_8B))
+        t0 = time.monotonic()
+        make_weights(model_dir)
+        print(f"weights ready in {time.monotonic() - t0:.0f} s", flush=True)
     samples = make_samples(args.samples, args.min_len, args.max_len, vocab, seed=1)
     warm = make_samples(args.warmup, args.min_len, args.max_len, vocab, seed=2)
     res = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "arms": {}}

@@ -157,7 +157,7 @@ def capture(cfg, job: Job) -> Captured:
     with graceful_stop(stop), dump_folder(cfg) as dump_dir:
         budget = int(cfg.capture.budget_gb * (1 << 30))
         progress = Progress(len(job.todo), cfg.log_every_s, dump_dir, budget)
-        codec = Codec(cfg.shards.zstd_level, cfg.shards.transform.value)
+        codec = Codec(cfg.shards.zstd_level, cfg.shards.transform.value, cfg.shards.entropy_only)
         with Packer(dump_dir, job.store, codec, job.slots, workers=cfg.shards.workers,
                     dump_timeout_s=cfg.capture.dump_timeout_s, commit_every=cfg.shards.commit_every,
                     progress=progress) as packer:
@@ -247,7 +247,8 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         "versions": versions(),
         "data": {"sources": the_plan.sources, "max_length": cfg.data.max_length, "overflow": cfg.data.overflow.value,
                  "limit": cfg.data.limit, "shard_index": cfg.data.shard_index, "num_shards": cfg.data.num_shards},
-        "codec": {"zstd_level": cfg.shards.zstd_level, "transform": cfg.shards.transform.value},
+        "codec": {"zstd_level": cfg.shards.zstd_level, "transform": cfg.shards.transform.value,
+                  "entropy_only": cfg.shards.entropy_only},
         "backend": backend_provenance(cfg),
         "counts": counts,
         "examples": {"skipped": dict(the_plan.examples), "failed": dict(packer.examples)},

@@ -1,27 +1,43 @@
 """The packer: dump directory -> validated, compressed, durable shard records. Runs beside the backend.
 
-For every request the backend announces (`expect`), it waits until raw pieces cover the whole
-prompt [0, n), reassembles them, checks them against what was sent, compresses on a thread pool and
-appends to the store. Raw files are deleted only after the shard record is committed (fsynced). A
-request that answered but whose dump never completes within `dump_timeout_s` is a failed sample:
-this is what catches a CUDA-graph replay (Python hooks do not run) or a mis-set server flag.
+Per sample, in stages:
+  scan      (packer thread)  find the raw pieces of each announced request; hand it on once the pieces
+                             cover the whole prompt [0, n) *and* the server has answered
+  assemble  (worker process) read the pieces, in order, straight into one [T, slots, H] array
+  validate  (worker)         token ids equal what was sent; no NaN/Inf; no all-zero slot
+  encode    (worker)         byte planes, then one zstd frame (recipe.shards.codec)
+  append    (worker)         the frame goes to the end of the worker's own shard file
+  commit    (committer thread) fsync those shards, then append and fsync the index lines; only then
+                             are the sample's raw pieces deleted. Its own thread: dispatching goes on
+                             while the disk syncs
+Workers are processes that own their shard files: compression scales with cores (no GIL), and only
+small records cross between processes. A request that answered but whose dump never completes within
+`dump_timeout_s` is a failed sample: this is what catches a CUDA-graph replay (Python hooks do not
+run) or a mis-set server flag.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
+import multiprocessing as mp
 import os
+import queue
+import signal
+import struct
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import traceback
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .capture import records
-from .shards.codec import Codec
+from .procs import die_with_parent
+from .shards.codec import Codec, split_into, split_planes
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +70,7 @@ class Progress:
         ratio = self.raw / self.stored if self.stored else 0.0
         shm = ""
         if self.dump_dir is not None and self.dump_dir.exists():
-            shm = f" | dump {records.dir_bytes(self.dump_dir) / 1e9:.2f}/{self.budget / 1e9:.1f} GB"
+            shm = f" | dump {records.dir_bytes(self.dump_dir) / 2**30:.2f}/{self.budget / 2**30:.1f} GiB"
         return (f"packed {self.samples}/{self.total} (failed {self.failed}) | {self.samples / dt:.1f} samples/s | "
                 f"{self.tokens / dt / 1e3:.1f}K tok/s | raw {self.raw / dt / 1e9:.3f} GB/s | ratio {ratio:.3f}x{shm}")
 
@@ -65,19 +81,142 @@ class Progress:
             log.info(self.line())
 
 
-def check_hidden(h: np.ndarray) -> str | None:
-    """bf16 bits [T, slots, H]: a reason if any value is NaN/Inf or any slot is all zeros.
-    One pass: |x| as bits (sign cleared), max per slot. Exponent all ones (>= 0x7F80) = Inf/NaN;
-    a max of 0 = every value in the slot is +-0."""
-    peak = np.bitwise_and(h, 0x7FFF).max(axis=(0, 2))
-    if (peak >= 0x7F80).any():
-        return "non_finite"
-    if (peak == 0).any():
-        return f"all_zero_slot_{int(np.argmax(peak == 0))}"
+# -- the worker's stages (run in the worker processes; plain functions, tested directly) -------
+def check_planes(hi: np.ndarray, lo: np.ndarray) -> str | None:
+    """hi/lo byte planes [T, slots, H] of bf16 words: a reason if any value is NaN/Inf or any slot
+    is all zeros. Works on the high bytes (sign + 7 exponent bits), one byte per value; the low
+    plane is read only where the high byte leaves it open."""
+    mag = np.bitwise_and(hi, 0x7F)
+    peak = mag.max(axis=(0, 2))
+    if (peak == 0x7F).any():  # exponent bits 7..1 all set: Inf/NaN iff exponent bit 0 (lo's top bit) is too
+        top = mag == 0x7F
+        if (lo[top] >= 0x80).any():
+            return "non_finite"
+    for s in np.flatnonzero(peak == 0):  # every exponent tiny: all-zero iff the low bytes are 0 too
+        if not lo[:, s].any():
+            return f"all_zero_slot_{int(s)}"
     return None
 
 
+def check_hidden(h: np.ndarray) -> str | None:
+    """bf16 bits [T, slots, H] (uint16): check_planes on its byte planes."""
+    hi, lo = split_planes(h)
+    return check_planes(hi.reshape(h.shape), lo.reshape(h.shape))
+
+
+BLOCK = 1 << 19  # words per read: the split happens while the block is in cache
+_planes: dict[str, np.ndarray] = {}  # per process: reused, so a sample costs no fresh pages
+
+
+def _buffer(name: str, size: int, dtype) -> np.ndarray:
+    b = _planes.get(name)
+    if b is None or b.size < size:
+        b = _planes[name] = np.empty(max(size, BLOCK), dtype)
+    return b[:size]
+
+
+def assemble(pieces: list[tuple[str, int]], n: int, slots: int, hidden: int):
+    """Read the pieces (path, tokens), in prompt order, into ids [n] and the hidden states' byte
+    planes hi, lo [n, slots, H]: block by block, so each word is touched once, in cache, and the
+    interleaved [n, slots, H] array is never materialised. The planes are views of this process's
+    reused buffers: valid until the next call."""
+    ids = np.empty(n, np.int32)
+    hi, lo = _buffer("hi", n * slots * hidden, np.uint8), _buffer("lo", n * slots * hidden, np.uint8)
+    buf, tmp = _buffer("buf", BLOCK, np.uint16), _buffer("tmp", BLOCK, np.uint16)
+    row = pos = 0
+    for path, k in pieces:
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(8)
+            (hlen,) = struct.unpack_from("<I", head, 4)
+            h = json.loads(f.read(hlen))
+            if h["n"] != k or h["slots"] != slots or h["hidden"] != hidden or row + k > n:
+                raise ValueError(f"{path}: piece of {h['n']}x{h['slots']}x{h['hidden']} does not fit")
+            f.readinto(memoryview(ids[row:row + k]).cast("B"))
+            end = pos + k * slots * hidden
+            while pos < end:
+                m = min(BLOCK, end - pos)
+                words = buf[:m]
+                f.readinto(memoryview(words).cast("B"))
+                split_into(words, hi[pos:pos + m], lo[pos:pos + m], tmp[:m])
+                pos += m
+        row += k
+    shape = (row, slots, hidden)
+    return ids[:row], hi[:pos].reshape(shape), lo[:pos].reshape(shape)
+
+
+def validate(ids: np.ndarray, expected: np.ndarray, slots: int, hi, lo) -> str | None:
+    if ids.shape[0] != expected.shape[0]:
+        return f"token_count_mismatch ({ids.shape[0]} captured, {expected.shape[0]} sent)"
+    if hi.shape[1] != slots:
+        return f"slot_count_mismatch ({hi.shape[1]} captured, {slots} configured)"
+    if not np.array_equal(ids, expected):
+        return "token_ids_mismatch"
+    return check_planes(hi, lo)
+
+
+class ShardAppender:
+    """The end of a shard file that one worker owns: counts and checksums what passes through."""
+
+    def __init__(self, fd: int):
+        self.fd, self.length, self.crc = fd, 0, 0
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.length += len(view)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(b)
+
+
+def pack(task: dict, codec: Codec, sink) -> str | int:
+    """assemble -> validate -> encode into `sink`. Returns the raw bytes packed, or a failure reason."""
+    ids, hi, lo = assemble(task["pieces"], task["n"], task["slots"], task["hidden"])
+    bad = validate(ids, task["input_ids"], task["n_slots"], hi, lo)
+    if bad:
+        return bad
+    mask = task["loss_mask"]
+    codec.encode_to(sink, task["meta"], {"input_ids": ("int32", ids), "loss_mask": ("uint8", mask),
+                                         "hidden": ("bfloat16", (hi.reshape(-1), lo.reshape(-1)), hi.shape)})
+    return int(ids.nbytes + hi.nbytes + lo.nbytes + mask.nbytes)
+
+
+def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
+    """One packing process: owns the shard file its tasks name and appends each frame to it."""
+    die_with_parent(parent)()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the recipe coordinates the stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd, path, size = None, None, 0
+    for task in iter(inbox.get, None):
+        tid = task["tid"]
+        try:
+            if task["shard"] != path:
+                if fd is not None:
+                    os.close(fd)
+                path = task["shard"]
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                size = os.fstat(fd).st_size
+            out = ShardAppender(fd)
+            res = pack(task, codec, out)
+            if isinstance(res, str):
+                outbox.put((tid, "fail", res))
+                continue
+            outbox.put((tid, "ok", (os.path.basename(path), size, out.length, out.crc, res)))
+            size += out.length
+        except OSError as e:  # e.g. ENOSPC: the packer stops the run, resume redoes the sample
+            size = os.fstat(fd).st_size if fd is not None else 0
+            outbox.put((tid, "oserror", (e.errno, e.strerror, e.filename)))
+        except Exception:
+            outbox.put((tid, "error", traceback.format_exc()))
+    if fd is not None:
+        os.close(fd)
+
+
+# -- the packer --------------------------------------------------------------------------------
 class Packer:
+    """Use as a context manager: workers start on entry; on exit the packer thread finishes, the
+    workers stop, and the last records are committed."""
+
     def __init__(self, dump_dir, store, codec: Codec, slots: list[str], workers: int = 2,
                  dump_timeout_s: float = 120.0, commit_every: int = 64, commit_every_s: float = 2.0,
                  progress: Progress | None = None, poll_s: float = 0.01):
@@ -86,10 +225,13 @@ class Packer:
         self.dump_timeout_s, self.commit_every, self.commit_every_s, self.poll_s = (
             dump_timeout_s, commit_every, commit_every_s, poll_s)
         self.progress = progress or Progress(0)
-        self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="pack")
+        self.n_workers = max(1, workers)
         self.pending: dict[str, Pending] = {}
-        self.inflight: collections.deque[tuple[Pending, Future]] = collections.deque()
+        self.inflight: dict[int, tuple[Pending, int]] = {}  # task id -> (request, worker)
         self.uncommitted: list[tuple[Pending, list[Path]]] = []
+        self.committing: collections.deque = collections.deque()  # batches handed to the committer
+        self._commits: queue.Queue = queue.Queue()
+        self._committer = threading.Thread(target=self._commit_loop, name="committer", daemon=True)
         self.ok = 0
         self.failed: collections.Counter = collections.Counter()
         self.examples: dict[str, list[str]] = collections.defaultdict(list)
@@ -98,6 +240,9 @@ class Packer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="packer", daemon=True)
         self._last_commit = time.monotonic()
+        self._tids = itertools.count()
+        self._procs, self._inboxes, self._outbox = [], [], None
+        self._shard = {}  # worker -> [shard path, bytes assigned]
 
     # -- the backend's side ------------------------------------------------------------------
     def expect(self, rid: str, sample) -> None:
@@ -125,9 +270,21 @@ class Packer:
 
     def outstanding(self) -> int:
         with self._lock:
-            return len(self.pending) + len(self.inflight) + len(self.uncommitted)
+            return (len(self.pending) + len(self.inflight) + len(self.uncommitted)
+                    + sum(len(done) for _, done in self.committing))
 
+    # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Packer":
+        # fork: workers start in milliseconds and need nothing but numpy and zstd; each dies with us
+        ctx = mp.get_context("fork")
+        self._outbox = ctx.SimpleQueue()
+        for _ in range(self.n_workers):
+            inbox = ctx.SimpleQueue()
+            p = ctx.Process(target=worker_main, args=(inbox, self._outbox, self.codec, os.getpid()), daemon=True)
+            p.start()
+            self._procs.append(p)
+            self._inboxes.append(inbox)
+        self._committer.start()
         self._thread.start()
         return self
 
@@ -153,13 +310,22 @@ class Packer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self._commits.put(None)
+        if self._committer.is_alive():
+            self._committer.join()
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for p in self._procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+        self._procs, self._inboxes = [], []
         try:
             self.store.commit()
         except OSError as e:  # e.g. the disk is full: what was not committed is redone on resume
             log.error("final commit failed: %s", e)
 
-    # -- the packer thread ------------------------------------------------------------------
+    # -- the packer thread: scan, dispatch, collect, commit -------------------------------------
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -168,7 +334,9 @@ class Packer:
                 self._maybe_commit()
                 if not busy:
                     time.sleep(self.poll_s)
-            self._collect(wait=True)
+            while self.inflight and self.error is None:  # the workers' last results
+                if not self._collect():
+                    time.sleep(self.poll_s)
             self._maybe_commit(force=True)
         except BaseException as e:  # surfaced by drain(); never a silent hole
             log.exception("packer thread died")
@@ -184,18 +352,7 @@ class Packer:
         with self._lock:
             for name in names:
                 if name.endswith(records.ERROR_SUFFIX):
-                    rid = name[: -len(records.ERROR_SUFFIX)]
-                    p = self.pending.pop(rid, None)
-                    reason = "capture_error"
-                    try:
-                        reason += ": " + json.loads((self.dump_dir / name).read_text())["reason"]
-                    except (OSError, ValueError, KeyError):
-                        pass
-                    if p is not None:
-                        self._count_failure(p, reason)
-                        self._delete(p)
-                    (self.dump_dir / name).unlink(missing_ok=True)
-                    busy = True
+                    busy |= self._capture_error(name)
                     continue
                 parsed = records.parse_name(name)
                 if parsed is None:
@@ -203,7 +360,7 @@ class Packer:
                 rid, off = parsed
                 p = self.pending.get(rid)
                 if p is None:
-                    if not any(rid == q.rid for q, _ in self.inflight) and not any(rid == q.rid for q, _ in self.uncommitted):
+                    if not self._in_progress(rid):
                         (self.dump_dir / name).unlink(missing_ok=True)  # a superseded attempt or a stale run
                     continue
                 if off not in p.pieces:
@@ -219,7 +376,7 @@ class Packer:
                     covered += p.pieces[off][1]
                 if covered >= n and p.responded_at is not None:  # the client vetted the response first
                     del self.pending[rid]
-                    self.inflight.append((p, self.pool.submit(self._pack, p)))
+                    self._dispatch(p)
                     busy = True
                 elif p.responded_at is not None and now - p.responded_at > self.dump_timeout_s:
                     del self.pending[rid]
@@ -230,57 +387,94 @@ class Packer:
                     self._delete(p)
         return busy
 
-    def _pack(self, p: Pending):
-        """Worker: reassemble, validate, encode. Returns (frame, raw_bytes) or a failure reason."""
-        s = p.sample
-        offs = sorted(p.pieces)
-        parts = [records.read_record(p.pieces[o][0]) for o in offs]
-        ids = np.concatenate([x[1] for x in parts]) if len(parts) > 1 else parts[0][1]
-        hid = np.concatenate([x[2] for x in parts]) if len(parts) > 1 else parts[0][2]
-        if ids.shape[0] != len(s.input_ids):
-            return f"token_count_mismatch ({ids.shape[0]} captured, {len(s.input_ids)} sent)"
-        if hid.shape[1] != len(self.slots):
-            return f"slot_count_mismatch ({hid.shape[1]} captured, {len(self.slots)} configured)"
-        if not np.array_equal(ids, np.asarray(s.input_ids, dtype=np.int32)):
-            return "token_ids_mismatch"
-        bad = check_hidden(hid)
-        if bad:
-            return bad
-        meta = {"id": s.id, "key": s.key, "source": s.source, "slots": self.slots,
-                "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}
-        frame = self.codec.encode(meta, {"input_ids": ("int32", ids), "loss_mask": ("uint8", s.loss_mask),
-                                         "hidden": ("bfloat16", hid)})
-        return frame, int(ids.nbytes + hid.nbytes + np.asarray(s.loss_mask).nbytes)
+    def _capture_error(self, name: str) -> bool:
+        rid = name[: -len(records.ERROR_SUFFIX)]
+        p = self.pending.pop(rid, None)
+        reason = "capture_error"
+        try:
+            reason += ": " + json.loads((self.dump_dir / name).read_text())["reason"]
+        except (OSError, ValueError, KeyError):
+            pass
+        if p is not None:
+            self._count_failure(p, reason)
+            self._delete(p)
+        (self.dump_dir / name).unlink(missing_ok=True)
+        return True
 
-    def _collect(self, wait: bool = False) -> bool:
+    def _in_progress(self, rid: str) -> bool:
+        return any(rid == q.rid for q, _ in self.inflight.values()) or any(rid == q.rid for q, _ in self.uncommitted)
+
+    def _dispatch(self, p: Pending) -> None:
+        """To the least busy worker, into its own shard (a fresh one once it is full)."""
+        load = collections.Counter(w for _, w in self.inflight.values())
+        w = min(range(self.n_workers), key=lambda k: load[k])
+        first = min(p.pieces)
+        _, _, slots, hidden = p.pieces[first]
+        shard = self._shard.get(w)
+        if shard is None or shard[1] >= self.store.max_shard_bytes:
+            shard = self._shard[w] = [self.store.new_shard_path(), 0]
+        s = p.sample
+        tid = next(self._tids)
+        self.inflight[tid] = (p, w)
+        self._inboxes[w].put({
+            "tid": tid, "shard": str(shard[0]), "n": len(s.input_ids), "slots": slots, "hidden": hidden,
+            "n_slots": len(self.slots), "pieces": [(str(p.pieces[o][0]), p.pieces[o][1]) for o in sorted(p.pieces)],
+            "input_ids": np.asarray(s.input_ids, dtype=np.int32), "loss_mask": np.asarray(s.loss_mask, np.uint8),
+            "meta": {"id": s.id, "key": s.key, "source": s.source, "slots": self.slots,
+                     "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}})
+
+    def _collect(self) -> bool:
         busy = False
-        while self.inflight and (wait or self.inflight[0][1].done()):
-            p, fut = self.inflight.popleft()
-            res = fut.result()  # a worker exception is a bug: let it kill the run loudly
+        while not self._outbox.empty():
+            tid, kind, res = self._outbox.get()
+            with self._lock:
+                p, w = self.inflight.pop(tid)
             busy = True
-            if isinstance(res, str):
+            if kind == "fail":
                 self._count_failure(p, res)
                 self._delete(p)
-                continue
-            frame, raw = res
-            s = p.sample
-            self.store.append(s.id, s.key, frame, tokens=len(s.input_ids), raw_bytes=raw,
-                              loss_tokens=int(np.asarray(s.loss_mask).sum()), source=s.source)
-            self.uncommitted.append((p, [v[0] for v in p.pieces.values()]))
-            self.progress.add(len(s.input_ids), raw, len(frame))
+            elif kind == "oserror":
+                raise OSError(*res)
+            elif kind == "error":  # a bug in a worker: kill the run loudly
+                raise RuntimeError(f"packer worker failed on sample {p.sample.id}:\n{res}")
+            else:
+                shard, offset, length, crc, raw = res
+                self._shard[w][1] = offset + length
+                s = p.sample
+                self.store.add(s.id, s.key, shard, offset, length, crc, tokens=len(s.input_ids), raw_bytes=raw,
+                               loss_tokens=int(np.asarray(s.loss_mask).sum()), source=s.source)
+                self.uncommitted.append((p, [v[0] for v in p.pieces.values()]))
+                self.progress.add(len(s.input_ids), raw, length)
         return busy
 
     def _maybe_commit(self, force: bool = False) -> None:
         if not self.uncommitted:
             return
         if force or len(self.uncommitted) >= self.commit_every or time.monotonic() - self._last_commit > self.commit_every_s:
-            self.store.commit()
-            for p, paths in self.uncommitted:  # only now is the raw copy redundant
-                for path in paths:
-                    path.unlink(missing_ok=True)
-            self.ok += len(self.uncommitted)
+            item = (self.store.take_pending(), self.uncommitted)
+            with self._lock:
+                self.committing.append(item)
+            self._commits.put(item)
             self.uncommitted = []
             self._last_commit = time.monotonic()
+
+    def _commit_loop(self) -> None:
+        """The committer: one batch at a time, in order; a failure stops the run (drain raises)."""
+        for batch, done in iter(self._commits.get, None):
+            if self.error is not None:
+                continue  # after a failure nothing more is committed; resume redoes the rest
+            try:
+                self.store.commit(batch)
+            except BaseException as e:
+                log.error("commit failed: %s", e)
+                self.error = e
+                continue
+            for p, paths in done:  # only now is the raw copy redundant
+                for path in paths:
+                    path.unlink(missing_ok=True)
+            with self._lock:
+                self.ok += len(done)
+                self.committing.popleft()
 
     def _count_failure(self, p: Pending, reason: str) -> None:
         key = reason.split(" (")[0].split(":")[0]

@@ -99,9 +99,10 @@ class ClientConfig:
 @dataclass
 class ShardsConfig:
     max_shard_gb: float = 4.0
+    entropy_only: bool = True  # zstd tuned for byte planes (recipe/shards/codec.py); false: zstd_level
     zstd_level: int = 1
     transform: Transform = Transform.byteplane  # docs/benchmarks.md says why
-    workers: int = 4  # compression threads in the packer
+    workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.3-0.8 GB/s raw each
     commit_every: int = 64
 
 

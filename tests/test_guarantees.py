@@ -116,7 +116,8 @@ class Recorder:
     def wrap(self, store):
         for attr, name in (("_shard", "shard"), ("_index", INDEX)):
             f = getattr(store, attr)
-            setattr(store, attr, _Spy(f, name, self.events))
+            if f is not None:  # the store's own shard exists once something was appended
+                setattr(store, attr, _Spy(f, name, self.events))
 
 
 class _Spy:
@@ -138,17 +139,31 @@ class _Spy:
 def test_commit_makes_the_shard_durable_before_the_index_names_it(tmp_path, monkeypatch):
     rec = Recorder(monkeypatch, tmp_path)
     store = ShardStore(tmp_path / "out", IDENTITY)
+    store.append("a", "ka", b"frame-a", 1, 1)
     rec.wrap(store)
     rec.events.clear()
-    store.append("a", "ka", b"frame-a", 1, 1)
     store.append("b", "kb", b"frame-b", 1, 1)
     store.commit()
-    ev = [e for e in rec.events if e[0] != "write" or e[1] == INDEX] + []
+    ev = rec.events
     shard_fsync = ev.index(("fsync", store._shard_path.name))
-    index_write = ev.index(("write", INDEX))
-    index_fsync = ev.index(("fsync", INDEX))
-    assert ev.index(("flush", "shard")) < shard_fsync < index_write < index_fsync, rec.events
+    assert ev.index(("write", "shard")) < ev.index(("flush", "shard")) < shard_fsync
+    assert shard_fsync < ev.index(("write", INDEX)) < ev.index(("fsync", INDEX)), ev
     store.close()
+
+
+def test_the_packer_workers_shards_are_fsynced_before_the_index_names_them(tmp_path, monkeypatch):
+    """The production path: worker processes append to their own shards, the packer commits."""
+    rec = Recorder(monkeypatch, tmp_path)
+    pk, store, s, dump, hidden = packer_with_one_sample(tmp_path)
+    rec.wrap(store)
+    with pk:
+        pk.expect("hsx-sid", s)
+        records.write_record(dump, "hsx-sid", 0, s.input_ids, hidden, True)
+        pk.responded("hsx-sid")
+        pk.drain(timeout_s=10)
+    shard = store.records[0]["shard"]
+    ev = rec.events
+    assert ev.index(("fsync", shard)) < ev.index(("write", INDEX)) < ev.index(("fsync", INDEX)), ev
 
 
 def test_a_crash_between_append_and_commit_is_cut_back_on_reopen(tmp_path):
@@ -268,13 +283,14 @@ def test_enospc_on_the_index_write_then_resume_exactly_once(tmp_path, monkeypatc
     real = store_mod.ShardStore.commit
     calls = {"n": 0}
 
-    def commit(self):
-        calls["n"] += bool(self._pending)
-        if calls["n"] == 3 and self._pending:  # the shard is fsynced, the index append fails
-            self._shard.flush()
-            os.fsync(self._shard.fileno())
+    def commit(self, batch=None):
+        batch = self.take_pending() if batch is None else batch
+        calls["n"] += bool(batch)
+        if calls["n"] == 3:  # the shards are fsynced, the index append fails
+            self._fsync_shards({r["shard"] for r in batch})
+            self._pending[:0] = batch
             raise OSError(errno.ENOSPC, "No space left on device", str(self.root / INDEX))
-        return real(self)
+        return real(self, batch)
 
     c = cfg(tmp_path, "shards.commit_every=1", "backend.batch_size=1", limit=10)
     monkeypatch.setattr(store_mod.ShardStore, "commit", commit)
@@ -365,3 +381,31 @@ def test_rebuild_index_scans_shards_without_their_index(tmp_path):
     got = rebuild_index(out)
     key = lambda r: (r["shard"], r["offset"])  # noqa: E731
     assert sorted(got, key=key) == sorted(want, key=key)
+
+
+def test_a_real_full_filesystem_stops_the_run_and_the_resume_ends_exactly_once(tmp_path, monkeypatch):
+    """A 1 MiB tmpfs as the output: the packer workers' own frame writes hit a real ENOSPC (no
+    fault layer), the run stops with what to free; after the filesystem grows, the same run ends
+    with every sample exactly once."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        c = compose([f"output_dir={small / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}", "data.limit=12",
+                     "log_every_s=1000", "shards.commit_every=1", "backend.batch_size=2"])
+        with monkeypatch.context() as m:  # as if another process filled the disk after preflight
+            m.setattr("recipe.preflight.check", lambda *a, **k: None)
+            with pytest.raises(RunFailed, match="output disk full"):
+                run(c)
+        stored = len(ShardReader(small / "out")) if (small / "out" / "manifest.json").exists() else 0
+        assert stored < 12
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
+        counts = run(c)
+        assert counts["ok"] == 12 and not counts["failed"]
+        assert verify(small / "out") == [] and len(set(ShardReader(small / "out").ids)) == 12
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

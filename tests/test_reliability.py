@@ -160,19 +160,19 @@ def test_output_disk_full_stops_cleanly_and_resumes(tmp_path, monkeypatch):
 
     cfg = compose([f"output_dir={tmp_path / 'o'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=12",
                    "shards.commit_every=1", "log_every_s=1000"])
-    real = ShardStore.append
+    real = ShardStore.add  # the packer's workers have written the frame; recording it fails
     calls = {"n": 0}
 
-    def append(self, *a, **k):
+    def add(self, *a, **k):
         calls["n"] += 1
         if calls["n"] >= 6:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(ShardStore, "append", append)
+    monkeypatch.setattr(ShardStore, "add", add)
     with pytest.raises(RunFailed, match="output disk full.*free space on the filesystem of"):
         run(cfg)
-    monkeypatch.setattr(ShardStore, "append", real)
+    monkeypatch.setattr(ShardStore, "add", real)
     assert 0 < len(ShardReader(tmp_path / "o")) < 12
     counts = run(cfg)  # space freed: the same command resumes
     assert counts["already_stored"] + counts["ok_this_run"] == 12

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import httpx
 from omegaconf import OmegaConf
 
 from ..capture import records, sglang_hook
+from ..procs import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +87,6 @@ def server_env(cfg, dump_dir: Path, base=None) -> dict:
     return env
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int):
-    """In the server's child process, before exec: the kernel SIGKILLs it when the recipe dies,
-    however it dies (kill -9 included). Only a syscall here: the parent has threads running."""
-    def f():
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the recipe died before the prctl took effect
-            os._exit(1)
-    return f
-
-
 def proc_start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot: with the pid, a process's identity."""
     try:
@@ -138,9 +124,10 @@ class Server:
         logf.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
         logf.flush()
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+                                     start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
         logf.close()
         if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
             self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "start": proc_start_time(self.proc.pid)}))
         log.info("server started (pid %d), log: %s", self.proc.pid, self.log_path)
 

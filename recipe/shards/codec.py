@@ -7,6 +7,7 @@ high byte of a bf16 holds the sign and most of the exponent and compresses far b
 """
 from __future__ import annotations
 
+import io
 import json
 import struct
 import zlib
@@ -26,57 +27,94 @@ class CorruptRecord(ValueError):
     """A stored sample fails its checksum or cannot be decoded."""
 
 
-def planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[n] 16-bit little-endian words -> (high bytes, low bytes), each contiguous."""
-    b = buf.view(np.uint8).reshape(-1, 2)
-    return np.ascontiguousarray(b[:, 1]), np.ascontiguousarray(b[:, 0])
+def split_into(words: np.ndarray, hi: np.ndarray, lo: np.ndarray, tmp: np.ndarray) -> None:
+    """16-bit words -> their high bytes into `hi`, low bytes into `lo` (tmp: scratch, words' size).
+    A shift and two narrowing assignments: vectorised, unlike a strided byte gather."""
+    np.right_shift(words, 8, out=tmp)
+    hi[...] = tmp
+    lo[...] = words
+
+
+def split_planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """16-bit little-endian words -> (high bytes, low bytes), each contiguous and flat."""
+    w = buf.reshape(-1).view(np.uint16)
+    hi, lo = np.empty(w.size, np.uint8), np.empty(w.size, np.uint8)
+    split_into(w, hi, lo, np.empty_like(w))
+    return hi, lo
 
 
 def to_planes(buf: np.ndarray) -> np.ndarray:
     """[n] 16-bit -> [2n] bytes: high bytes first."""
-    return np.concatenate(planes(buf))
+    return np.concatenate(split_planes(buf))
 
 
 def from_planes(raw: memoryview | bytes, n_items: int) -> np.ndarray:
+    """[2n] bytes, high plane first -> [n] 16-bit words."""
     b = np.frombuffer(raw, np.uint8, count=2 * n_items)
-    out = np.empty((n_items, 2), np.uint8)
-    out[:, 1] = b[:n_items]
-    out[:, 0] = b[n_items:]
-    return out.reshape(-1)
+    out = b[:n_items].astype(np.uint16)
+    out <<= 8
+    out |= b[n_items:]
+    return out
+
+
+# bf16 byte planes are near-i.i.d. symbols: an LZ match finder costs time and finds little, and each
+# match it takes is a literal not Huffman-coded. The fast strategy with a 64-entry table and 7-byte
+# matches leaves almost everything to the entropy coder: 2.3x faster than level 1 and a better ratio
+# (docs/benchmarks.md, bench/codec.py). The frames are ordinary zstd: decoding is unchanged.
+ENTROPY_ONLY = dict(strategy=zstd.STRATEGY_FAST, window_log=17, hash_log=6, chain_log=6, search_log=1,
+                    min_match=7, target_length=0)
 
 
 @dataclass
 class Codec:
     level: int = 3
     transform: str = "byteplane"
+    entropy_only: bool = False  # ENTROPY_ONLY parameters instead of `level`
     threads: int = 0  # zstd's own worker threads per frame; the packer parallelises across samples
 
     def __post_init__(self):
         if self.transform not in TRANSFORMS:
             raise ValueError(f"shards.transform must be one of {TRANSFORMS}, got {self.transform!r}")
 
-    def encode(self, meta: dict, tensors: dict[str, tuple[str, np.ndarray]]) -> bytes:
-        """tensors: name -> (dtype name, array). Returns one zstd frame."""
+    def compressor(self) -> zstd.ZstdCompressor:
+        if self.entropy_only:
+            params = zstd.ZstdCompressionParameters(**ENTROPY_ONLY, write_checksum=True, threads=self.threads)
+            return zstd.ZstdCompressor(compression_params=params)
+        return zstd.ZstdCompressor(level=self.level, write_checksum=True, threads=self.threads)
+
+    def encode(self, meta: dict, tensors: dict[str, tuple]) -> bytes:
+        """One zstd frame, as bytes (see encode_to)."""
+        sink = io.BytesIO()
+        self.encode_to(sink, meta, tensors)
+        return sink.getvalue()
+
+    def encode_to(self, sink, meta: dict, tensors: dict[str, tuple]) -> None:
+        """Compress one sample as one zstd frame straight into `sink` (anything with write()).
+        tensors: name -> (dtype name, array), or (dtype name, (high, low) planes, shape) for a
+        16-bit tensor already split (the packer splits once, to validate on the high bytes)."""
         parts, specs, off = [], [], 0
-        for name, (dtype, arr) in tensors.items():
-            arr = np.ascontiguousarray(arr)
-            if arr.dtype != DTYPES[dtype]:
-                arr = arr.view(DTYPES[dtype]) if arr.itemsize == np.dtype(DTYPES[dtype]).itemsize else arr.astype(DTYPES[dtype])
-            transform = self.transform if arr.itemsize == 2 else "none"
-            data = list(planes(arr.reshape(-1))) if transform == "byteplane" else [arr.reshape(-1).view(np.uint8)]
+        for name, (dtype, arr, *shape) in tensors.items():
+            if isinstance(arr, tuple):
+                data, transform, shape = list(arr), "byteplane", list(shape[0])
+            else:
+                arr = np.ascontiguousarray(arr)
+                if arr.dtype != DTYPES[dtype]:
+                    same = arr.itemsize == np.dtype(DTYPES[dtype]).itemsize
+                    arr = arr.view(DTYPES[dtype]) if same else arr.astype(DTYPES[dtype])
+                transform = self.transform if arr.itemsize == 2 else "none"
+                data = list(split_planes(arr)) if transform == "byteplane" else [arr.reshape(-1).view(np.uint8)]
+                shape = list(arr.shape)
             nbytes = sum(d.nbytes for d in data)
-            specs.append({"name": name, "dtype": dtype, "shape": list(arr.shape), "offset": off,
+            specs.append({"name": name, "dtype": dtype, "shape": shape, "offset": off,
                           "nbytes": int(nbytes), "transform": transform})
             parts += data
             off += nbytes
         header = json.dumps({"v": FORMAT_VERSION, "meta": meta, "tensors": specs}, separators=(",", ":")).encode()
-        # streamed into one frame: no joined copy of the body is ever made
-        cctx = zstd.ZstdCompressor(level=self.level, write_checksum=True, threads=self.threads)
-        cobj = cctx.compressobj(size=4 + len(header) + off)
-        out = [cobj.compress(struct.pack("<I", len(header)) + header)]
-        out += [cobj.compress(memoryview(p)) for p in parts]
-        out.append(cobj.flush())
-        return b"".join(out)
+        # streamed into one frame and on into the sink: no joined copy of the body or the frame
+        with self.compressor().stream_writer(sink, size=4 + len(header) + off, write_size=1 << 20, closefd=False) as w:
+            w.write(struct.pack("<I", len(header)) + header)
+            for p in parts:
+                w.write(memoryview(p))
 
 
 def decode(frame: bytes, crc32: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:

@@ -15,6 +15,7 @@ are never reused: a new shard is numbered past every name on disk and in the ind
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -137,8 +138,8 @@ class ShardStore:
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
         self._pending: list[dict] = []
-        self._index = open(self.root / INDEX, "ab")
-        self._open_shard()
+        self._index = open(self.root / INDEX, "ab", buffering=0)  # no buffer that could replay a failed append
+        self._shard = None  # the store's own shard, opened by the first append()
 
     # -- identity and resume --------------------------------------------------------------
     def _check_identity(self, identity: dict) -> None:
@@ -191,7 +192,7 @@ class ShardStore:
         disk = [f.name for f in (self.root / SHARD_DIR).glob("shard-*.bin")]
         return sorted(set(disk) | {r["shard"] for r in self.records}, key=shard_number)
 
-    def _new_shard_path(self) -> Path:
+    def new_shard_path(self) -> Path:
         """Numbered past every shard name on disk, in the index and ever handed out (shards/NEXT,
         written before the file is made): a name is never reused, even after a shard was deleted."""
         names = self._shard_names()
@@ -207,41 +208,82 @@ class ShardStore:
         if newest is not None and newest.exists() and newest.stat().st_size < self.max_shard_bytes:
             path = newest
         else:
-            path = self._new_shard_path()
+            path = self.new_shard_path()
         self._shard_path = path
         self._shard = open(path, "ab")
         self._shard_size = self._shard.tell()
 
     # -- writing -----------------------------------------------------------------------------
     def append(self, sample_id: str, key: str, frame: bytes, tokens: int, raw_bytes: int, **extra) -> None:
-        if key in self.keys or sample_id in self.ids:
-            raise ValueError(f"sample {sample_id} (key {key}) is already stored")
+        """Write a frame to the store's own shard and record it (committed by commit())."""
+        if self._shard is None:
+            self._open_shard()
         if self._shard_size and self._shard_size + len(frame) > self.max_shard_bytes:
             self.commit()
             self._shard.close()
-            self._shard_path = self._new_shard_path()
+            self._shard_path = self.new_shard_path()
             self._shard = open(self._shard_path, "ab")
             self._shard_size = 0
+        self._check_new(sample_id, key)
         self._shard.write(frame)
-        rec = {"id": sample_id, "key": key, "shard": self._shard_path.name, "offset": self._shard_size,
-               "length": len(frame), "tokens": tokens, "raw_bytes": raw_bytes, "crc32": zlib.crc32(frame), **extra}
+        self.add(sample_id, key, self._shard_path.name, self._shard_size, len(frame), zlib.crc32(frame),
+                 tokens, raw_bytes, **extra)
         self._shard_size += len(frame)
-        self._pending.append(rec)
+
+    def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
+            raw_bytes: int, **extra) -> None:
+        """Record a frame already written to `shard` (by a packer worker that owns that file)."""
+        self._check_new(sample_id, key)
+        self._pending.append({"id": sample_id, "key": key, "shard": shard, "offset": offset, "length": length,
+                              "tokens": tokens, "raw_bytes": raw_bytes, "crc32": crc32, **extra})
         self.keys.add(key)
         self.ids.add(sample_id)
 
-    def commit(self) -> list[dict]:
-        """Make every appended sample durable. Returns the records committed now."""
-        if not self._pending:
+    def _check_new(self, sample_id: str, key: str) -> None:
+        if key in self.keys or sample_id in self.ids:
+            raise ValueError(f"sample {sample_id} (key {key}) is already stored")
+
+    def _fsync_shards(self, names: set[str]) -> None:
+        """Every shard the pending records name is on disk before the index names them."""
+        if self._shard is not None:
+            self._shard.flush()
+        for name in sorted(names):
+            if self._shard is not None and name == self._shard_path.name:
+                os.fsync(self._shard.fileno())
+                continue
+            fd = os.open(self.root / SHARD_DIR / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def take_pending(self) -> list[dict]:
+        """The records not yet committed, handed over (to a committer thread) as one batch."""
+        batch, self._pending = self._pending, []
+        return batch
+
+    def commit(self, batch: list[dict] | None = None) -> list[dict]:
+        """Make a batch of recorded samples durable (default: all pending). Returns it."""
+        if batch is None:
+            batch = self.take_pending()
+        if not batch:
             return []
-        self._shard.flush()
-        os.fsync(self._shard.fileno())
-        self._index.write(b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in self._pending))
-        self._index.flush()
-        os.fsync(self._index.fileno())
-        done, self._pending = self._pending, []
-        self.records.extend(done)
-        return done
+        try:
+            self._fsync_shards({r["shard"] for r in batch})
+            end = os.fstat(self._index.fileno()).st_size
+            try:
+                self._index.write(b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in batch))
+                self._index.flush()
+                os.fsync(self._index.fileno())
+            except OSError:  # e.g. ENOSPC: take back what reached the file, so a retry appends cleanly
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._index.fileno(), end)
+                raise
+        except OSError:
+            self._pending[:0] = batch  # still pending: a later commit (or the resume) retries them
+            raise
+        self.records.extend(batch)
+        return batch
 
     def write_manifest(self, fields: dict) -> dict:
         manifest = {**self.provenance, **fields, **summarize(self.records)}
@@ -261,7 +303,8 @@ class ShardStore:
             self.commit()
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
             self._pending = []
-        self._shard.close()
+        if self._shard is not None:
+            self._shard.close()
         self._index.close()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
