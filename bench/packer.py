@@ -8,6 +8,7 @@ are written first, so only the packer is timed; with --stream-budget-gb a produc
 packer runs, held to that budget as the server's hook is, and the RSS of the packer's processes is
 sampled throughout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,13 +56,17 @@ def main():
     ap.add_argument("--stream-budget-gb", type=float, default=0, help="write dumps while packing, within this budget")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
-    base = (rng.standard_normal((a.tokens, a.slots, a.hidden), dtype=np.float32) * 0.05)
+    base = rng.standard_normal((a.tokens, a.slots, a.hidden), dtype=np.float32) * 0.05
     h = (base.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: realistic bit patterns
     dump = Path(tempfile.mkdtemp(dir="/dev/shm"))
     out = Path(a.out_dir)
     shutil.rmtree(out, ignore_errors=True)
-    samples = [Sample(f"s{i}", rng.integers(0, 100000, a.tokens).astype(np.int32), np.ones(a.tokens, np.uint8), "b",
-                      key=f"k{i}") for i in range(a.samples)]
+    samples = [
+        Sample(
+            f"s{i}", rng.integers(0, 100000, a.tokens).astype(np.int32), np.ones(a.tokens, np.uint8), "b", key=f"k{i}"
+        )
+        for i in range(a.samples)
+    ]
     w = CaptureWriter(dump, int(a.stream_budget_gb * (1 << 30)) or 1 << 40, "hsx-")
 
     def produce():
@@ -71,8 +76,14 @@ def main():
     if not a.stream_budget_gb:
         produce()  # dumps first, so only the packer is timed
     store = ShardStore(out, {"format": "bench", "model_fingerprint": "x", "capture": {}})
-    packer = Packer(dump, store, Codec(a.level, a.transform, entropy_only=not a.level_only), [f"s{k}" for k in range(a.slots)], workers=a.workers,
-                    progress=Progress(a.samples, 1e9))
+    packer = Packer(
+        dump,
+        store,
+        Codec(a.level, a.transform, entropy_only=not a.level_only),
+        [f"s{k}" for k in range(a.slots)],
+        workers=a.workers,
+        progress=Progress(a.samples, 1e9),
+    )
     for s in samples:
         packer.expect(f"hsx-{s.id}", s)
         packer.responded(f"hsx-{s.id}")
@@ -94,16 +105,29 @@ def main():
     tot = store.write_manifest({})["totals"]
     store.close()
     shutil.rmtree(dump, ignore_errors=True)
-    res = {"argv": sys.argv[1:], "samples": a.samples, "raw_GB": round(tot["raw_bytes"] / 1e9, 3), "seconds": round(dt, 3),
-           "raw_MB_per_s": round(tot["raw_bytes"] / dt / 1e6, 1),
-           "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / a.workers, 1),
-           "ratio": round(tot["raw_bytes"] / tot["stored_bytes"], 4), "cpus": os.cpu_count()}
+    res = {
+        "argv": sys.argv[1:],
+        "samples": a.samples,
+        "raw_GB": round(tot["raw_bytes"] / 1e9, 3),
+        "seconds": round(dt, 3),
+        "raw_MB_per_s": round(tot["raw_bytes"] / dt / 1e6, 1),
+        "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / a.workers, 1),
+        "ratio": round(tot["raw_bytes"] / tot["stored_bytes"], 4),
+        "cpus": os.cpu_count(),
+    }
     if rss:
         q = len(rss) // 4 or 1
-        res.update(rss_MB_first_quarter_max=round(max(rss[:q]) / 1e6), rss_MB_last_quarter_max=round(max(rss[-q:]) / 1e6),
-                   rss_MB_max=round(max(rss) / 1e6), rss_samples=len(rss))
+        res.update(
+            rss_MB_first_quarter_max=round(max(rss[:q]) / 1e6),
+            rss_MB_last_quarter_max=round(max(rss[-q:]) / 1e6),
+            rss_MB_max=round(max(rss) / 1e6),
+            rss_samples=len(rss),
+        )
     if a.stream_budget_gb:
-        res.update(stream_budget_GB=a.stream_budget_gb, data_over_budget=round(tot["raw_bytes"] / (a.stream_budget_gb * 2**30), 1))
+        res.update(
+            stream_budget_GB=a.stream_budget_gb,
+            data_over_budget=round(tot["raw_bytes"] / (a.stream_budget_gb * 2**30), 1),
+        )
     print(json.dumps(res))
     shutil.rmtree(out, ignore_errors=True)
 

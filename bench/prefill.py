@@ -15,6 +15,7 @@ activations compress 2.8x and flatter the packer.
   python bench/prefill.py --model-dir /tmp/llama8b --samples 300 --out bench.json           # GPU host
   python bench/prefill.py --fake --samples 20                                               # CPU plumbing check
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,18 +37,31 @@ from hydra import initialize_config_dir  # noqa: E402
 
 from recipe import schema  # noqa: E402
 from recipe.backends.sglang import SGLangBackend  # noqa: E402
-from recipe.main import CONF_DIR  # noqa: E402
 from recipe.capture import records  # noqa: E402
 from recipe.data import Sample  # noqa: E402
+from recipe.main import CONF_DIR  # noqa: E402
 from recipe.packer import Packer, Progress  # noqa: E402
 from recipe.shards.codec import Codec  # noqa: E402
 from recipe.shards.store import ShardStore  # noqa: E402
 
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=16384, rms_norm_eps=1e-5,
-                rope_theta=500000.0, tie_word_embeddings=False, torch_dtype="bfloat16",
-                architectures=["LlamaForCausalLM"], model_type="llama", bos_token_id=128000, eos_token_id=128001,
-                hidden_act="silu")
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=16384,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    bos_token_id=128000,
+    eos_token_id=128001,
+    hidden_act="silu",
+)
 
 
 REAL_ACTIVATION_RATIO = 1.448  # bench/codec.py, docs/codec-2026-11-30.json: trained model, default codec
@@ -74,17 +88,30 @@ def make_weights(model_dir: Path) -> None:
         return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
 
     files, weight_map = [], {}
-    top = {"model.embed_tokens.weight": w(V, H), "lm_head.weight": w(V, H),
-           "model.norm.weight": torch.ones(H, dtype=torch.bfloat16)}
+    top = {
+        "model.embed_tokens.weight": w(V, H),
+        "lm_head.weight": w(V, H),
+        "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
+    }
     files.append(("model-top.safetensors", top))
     for i in range(L):
         p = f"model.layers.{i}."
-        files.append((f"model-{i:03d}.safetensors", {
-            p + "self_attn.q_proj.weight": w(H, H), p + "self_attn.k_proj.weight": w(kv, H),
-            p + "self_attn.v_proj.weight": w(kv, H), p + "self_attn.o_proj.weight": w(H, H),
-            p + "mlp.gate_proj.weight": w(F, H), p + "mlp.up_proj.weight": w(F, H), p + "mlp.down_proj.weight": w(H, F),
-            p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16)}))
+        files.append(
+            (
+                f"model-{i:03d}.safetensors",
+                {
+                    p + "self_attn.q_proj.weight": w(H, H),
+                    p + "self_attn.k_proj.weight": w(kv, H),
+                    p + "self_attn.v_proj.weight": w(kv, H),
+                    p + "self_attn.o_proj.weight": w(H, H),
+                    p + "mlp.gate_proj.weight": w(F, H),
+                    p + "mlp.up_proj.weight": w(F, H),
+                    p + "mlp.down_proj.weight": w(H, F),
+                    p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+                    p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+                },
+            )
+        )
     for name, tensors in files:
         save_file(tensors, str(model_dir / name), metadata={"format": "pt"})
         weight_map.update({k: name for k in tensors})
@@ -94,9 +121,14 @@ def make_weights(model_dir: Path) -> None:
 class NullPacker:
     """Arms a and c: the server writes nothing, so nothing is waited for."""
 
-    def expect(self, rid, s): pass
-    def responded(self, rid): pass
-    def forget(self, rid): pass
+    def expect(self, rid, s):
+        pass
+
+    def responded(self, rid):
+        pass
+
+    def forget(self, rid):
+        pass
 
     def fail(self, rid, reason):
         raise RuntimeError(f"{rid}: {reason}")
@@ -107,8 +139,15 @@ def make_samples(n, lo, hi, vocab, seed):
     out = []
     for i in range(n):
         ids = rng.integers(100, vocab - 100, int(rng.integers(lo, hi + 1))).astype(np.int32)
-        out.append(Sample(id=f"b{seed}-{i:06d}", input_ids=ids, loss_mask=np.ones(len(ids), np.uint8),
-                          source="bench", key=f"k{seed}-{i}"))
+        out.append(
+            Sample(
+                id=f"b{seed}-{i:06d}",
+                input_ids=ids,
+                loss_mask=np.ones(len(ids), np.uint8),
+                source="bench",
+                key=f"k{seed}-{i}",
+            )
+        )
     return out
 
 
@@ -116,17 +155,34 @@ def arm(name, args, model_dir, samples, warm):
     dump_parent = Path(args.shm) / f"bench-{name}"
     shutil.rmtree(dump_parent, ignore_errors=True)
     dump_parent.mkdir(parents=True)
-    over = ["backend=sglang", f"output_dir={args.work}/out-{name}", f"capture.dump_dir={dump_parent}",
-            "model.num_layers=32", "model.hidden_size=4096", "model.default_layers=[2,16,29]",
-            f"server.port={args.port}", "server.ready_timeout_s=600", f"client.concurrency={args.concurrency}",
-            f"server.args.mem_fraction_static={args.mem_fraction}", f"server.args.chunked_prefill_size={args.chunk}",
-            f"server.args.attention_backend={args.attention_backend}", f"capture.budget_gb={args.budget_gb}",
-            f"shards.workers={args.workers}", "capture.dump_timeout_s=120", f"server.args.tp_size={args.tp}",
-            "+server.args.enforce_disable_flashinfer_allreduce_fusion=true"]
+    over = [
+        "backend=sglang",
+        f"output_dir={args.work}/out-{name}",
+        f"capture.dump_dir={dump_parent}",
+        "model.num_layers=32",
+        "model.hidden_size=4096",
+        "model.default_layers=[2,16,29]",
+        f"server.port={args.port}",
+        "server.ready_timeout_s=600",
+        f"client.concurrency={args.concurrency}",
+        f"server.args.mem_fraction_static={args.mem_fraction}",
+        f"server.args.chunked_prefill_size={args.chunk}",
+        f"server.args.attention_backend={args.attention_backend}",
+        f"capture.budget_gb={args.budget_gb}",
+        f"shards.workers={args.workers}",
+        "capture.dump_timeout_s=120",
+        f"server.args.tp_size={args.tp}",
+        "+server.args.enforce_disable_flashinfer_allreduce_fusion=true",
+    ]
     if args.fake:
-        over += [f"server.command=[{sys.executable},{ROOT / 'tests' / 'fake_sglang.py'}]", "model.num_layers=4",
-                 "model.hidden_size=64", "model.default_layers=[1,2,3]", "server.args.tp_size=1",
-                 "~server.args.enforce_disable_flashinfer_allreduce_fusion"]
+        over += [
+            f"server.command=[{sys.executable},{ROOT / 'tests' / 'fake_sglang.py'}]",
+            "model.num_layers=4",
+            "model.hidden_size=64",
+            "model.default_layers=[1,2,3]",
+            "server.args.tp_size=1",
+            "~server.args.enforce_disable_flashinfer_allreduce_fusion",
+        ]
     cfg = compose(over)
     be = SGLangBackend(cfg, model_dir, dump_parent, run_dir=Path(args.work) / f"logs-{name}")
     if name == "plain":
@@ -154,8 +210,15 @@ def arm(name, args, model_dir, samples, warm):
         shutil.rmtree(out, ignore_errors=True)
         if name == "dump":
             store = ShardStore(out, {"format": "bench", "model_fingerprint": "random-init", "capture": {}})
-            packer = Packer(dump_parent, store, Codec(1, "byteplane", entropy_only=True), ["l2", "l16", "l29", "final"],
-                            workers=args.workers, dump_timeout_s=120, progress=Progress(len(samples), 5.0)).start()
+            packer = Packer(
+                dump_parent,
+                store,
+                Codec(1, "byteplane", entropy_only=True),
+                ["l2", "l16", "l29", "final"],
+                workers=args.workers,
+                dump_timeout_s=120,
+                progress=Progress(len(samples), 5.0),
+            ).start()
         else:
             packer = NullPacker()
         threading.Thread(target=watch, daemon=True).start()
@@ -169,17 +232,29 @@ def arm(name, args, model_dir, samples, warm):
             tot = store.write_manifest({})["totals"]
             store.close()
             ratio = tot["raw_bytes"] / tot["stored_bytes"]
-            result.update(stored=tot, ratio=round(ratio, 4), real_activation_ratio=REAL_ACTIVATION_RATIO,
-                          ratio_vs_real=round(ratio / REAL_ACTIVATION_RATIO, 4),
-                          bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1), failed=dict(packer.failed),
-                          ok=packer.ok)
+            result.update(
+                stored=tot,
+                ratio=round(ratio, 4),
+                real_activation_ratio=REAL_ACTIVATION_RATIO,
+                ratio_vs_real=round(ratio / REAL_ACTIVATION_RATIO, 4),
+                bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1),
+                failed=dict(packer.failed),
+                ok=packer.ok,
+            )
         else:
             t_all = t_client
         tokens = sum(len(s.input_ids) for s in samples)
-        result.update(samples=len(samples), tokens=tokens, client_s=round(t_client, 3), total_s=round(t_all, 3),
-                      tokens_per_s=round(tokens / t_all, 1), samples_per_s=round(len(samples) / t_all, 3),
-                      tokens_per_s_client=round(tokens / t_client, 1), peak_dump_bytes=peak["bytes"],
-                      client=be.stats)
+        result.update(
+            samples=len(samples),
+            tokens=tokens,
+            client_s=round(t_client, 3),
+            total_s=round(t_all, 3),
+            tokens_per_s=round(tokens / t_all, 1),
+            samples_per_s=round(len(samples) / t_all, 3),
+            tokens_per_s_client=round(tokens / t_client, 1),
+            peak_dump_bytes=peak["bytes"],
+            client=be.stats,
+        )
     finally:
         stop.set()
         be.server.stop()

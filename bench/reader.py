@@ -4,6 +4,7 @@
 Writes a shard set of bf16 samples [tokens, 4, hidden] (random normal, byte planes + zstd L1) to --dir,
 then times ShardReader.get (decompress + inverse transform + torch view) on random ids, and a full pass.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,28 @@ def main():
     root = Path(a.dir)
     shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(0)
-    store = ShardStore(root, {"format": "bench", "model_fingerprint": "x", "capture": {"slots": ["a", "b", "c", "f"]},
-                              "model": {"hidden_size": a.hidden}})
+    store = ShardStore(
+        root,
+        {
+            "format": "bench",
+            "model_fingerprint": "x",
+            "capture": {"slots": ["a", "b", "c", "f"]},
+            "model": {"hidden_size": a.hidden},
+        },
+    )
     codec = Codec(a.level)
     for i in range(a.samples):
         f = rng.standard_normal((a.tokens, 4, a.hidden), dtype=np.float32)
         h = (f.view(np.uint32) >> 16).astype(np.uint16)
         meta = {"id": f"s{i}", "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}
-        frame = codec.encode(meta, {"input_ids": ("int32", np.zeros(a.tokens, np.int32)),
-                                    "loss_mask": ("uint8", np.ones(a.tokens, np.uint8)), "hidden": ("bfloat16", h)})
+        frame = codec.encode(
+            meta,
+            {
+                "input_ids": ("int32", np.zeros(a.tokens, np.int32)),
+                "loss_mask": ("uint8", np.ones(a.tokens, np.uint8)),
+                "hidden": ("bfloat16", h),
+            },
+        )
         store.append(f"s{i}", f"k{i}", frame, tokens=a.tokens, raw_bytes=h.nbytes + 5 * a.tokens)
     store.write_manifest({})
     store.close()
@@ -61,10 +75,16 @@ def main():
     t0 = time.perf_counter()
     frame = r.read_frame(r.by_id[r.ids[0]])
     pread = time.perf_counter() - t0
-    res = {"argv": sys.argv[1:], "sample_raw_MB": round(raw / 1e6, 1), "frame_MB": round(len(frame) / 1e6, 1),
-           "random_get_ms_median": round(1e3 * float(np.median(lat)), 1), "random_get_ms_min": round(1e3 * min(lat), 1),
-           "pread_only_ms": round(1e3 * pread, 2), "sequential_raw_MB_s": round(a.samples * raw / seq / 1e6, 1),
-           "tokens_read": n}
+    res = {
+        "argv": sys.argv[1:],
+        "sample_raw_MB": round(raw / 1e6, 1),
+        "frame_MB": round(len(frame) / 1e6, 1),
+        "random_get_ms_median": round(1e3 * float(np.median(lat)), 1),
+        "random_get_ms_min": round(1e3 * min(lat), 1),
+        "pread_only_ms": round(1e3 * pread, 2),
+        "sequential_raw_MB_s": round(a.samples * raw / seq / 1e6, 1),
+        "tokens_read": n,
+    }
     print(json.dumps(res))
     shutil.rmtree(root, ignore_errors=True)
 

@@ -1,2 +1,3 @@
 """Hidden-state extraction for EAGLE-3 draft training: patched SGLang (or HF) -> zstd shards."""
+
 __version__ = "0.1.0"

@@ -6,12 +6,14 @@ Accepted records (JSONL, or a local HF dataset saved with `save_to_disk`):
   {"prompt": "...", "completion"|"response": "..."}              single turn
 Every input record ends up in exactly one bucket: planned, or skipped under a named reason.
 """
+
 from __future__ import annotations
 
 import collections
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +22,17 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).parent / "assets"
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
-                  "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 ROLES = {"system", "user", "assistant", "tool"}
 
 
@@ -201,9 +211,10 @@ def tokenize(tokenizer, messages) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def build_plan(data_cfg, tokenizer) -> Plan:
+def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
     plan = Plan()
     seen: set[str] = set()
+    t0 = last = time.monotonic()
     index = 0  # position over all records of all sources: decides limit and job split
     for src in data_cfg.sources:
         path = resolve_source(src)
@@ -216,6 +227,15 @@ def build_plan(data_cfg, tokenizer) -> Plan:
             if not mine:
                 continue
             plan.input += 1
+            if time.monotonic() - last > log_every_s:  # tokenizing a large file takes minutes
+                last = time.monotonic()
+                log.info(
+                    "reading %s: %d records (%.0f/s), %d samples",
+                    src,
+                    plan.input,
+                    plan.input / (last - t0),
+                    len(plan.samples),
+                )
             try:
                 if isinstance(rec, BadRecord):
                     raise rec
@@ -235,7 +255,9 @@ def build_plan(data_cfg, tokenizer) -> Plan:
                         raise BadRecord("too_long", f"{len(ids)} > max_length {data_cfg.max_length}")
                     ids, mask = ids[: data_cfg.max_length], mask[: data_cfg.max_length]
                 if not mask.any():
-                    raise BadRecord("no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else ""))
+                    raise BadRecord(
+                        "no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else "")
+                    )
             except BadRecord as e:
                 plan.skip(e.reason, where, str(e))
                 continue
@@ -247,12 +269,18 @@ def build_plan(data_cfg, tokenizer) -> Plan:
         if data_cfg.limit is not None and index >= data_cfg.limit:
             break
     if plan.input == 0:
-        raise DataError(f"no input records in {', '.join(map(str, data_cfg.sources))}"
-                        + (f" for job {data_cfg.shard_index} of {data_cfg.num_shards}" if data_cfg.num_shards > 1 else ""))
+        raise DataError(
+            f"no input records in {', '.join(map(str, data_cfg.sources))}"
+            + (f" for job {data_cfg.shard_index} of {data_cfg.num_shards}" if data_cfg.num_shards > 1 else "")
+        )
     invalid = sum(v for k, v in plan.skipped.items() if k not in POLICY_SKIPS)
     if invalid > failure_limit(data_cfg.max_failures, plan.input):
-        lines = "\n".join(f"  {r}: {n}  e.g. {plan.examples[r][0]}" for r, n in plan.skipped.items() if r not in POLICY_SKIPS)
-        raise DataError(f"{invalid} of {plan.input} input records are invalid (data.max_failures={data_cfg.max_failures}):\n{lines}")
+        lines = "\n".join(
+            f"  {r}: {n}  e.g. {plan.examples[r][0]}" for r, n in plan.skipped.items() if r not in POLICY_SKIPS
+        )
+        raise DataError(
+            f"{invalid} of {plan.input} input records are invalid (data.max_failures={data_cfg.max_failures}):\n{lines}"
+        )
     return plan
 
 

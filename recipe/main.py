@@ -1,13 +1,14 @@
 """The recipe, in three phases:
 
-    plan     validate the config, tokenize the data, open the output directory (its identity is
-             checked, or written before the first sample), preflight the disks
-    capture  the backend computes every sample still to do while the packer stores what it dumps
-    finish   the manifest with its accounting (input = ok + skipped + failed + not done), exit status
+plan     validate the config, tokenize the data, open the output directory (its identity is
+         checked, or written before the first sample), preflight the disks
+capture  the backend computes every sample still to do while the packer stores what it dumps
+finish   the manifest with its accounting (input = ok + skipped + failed + not done), exit status
 
-    python -m recipe                      # embedded default (tiny model, HF backend, CPU)
-    python -m recipe experiment=kimi-k2.5 # production, patched SGLang
+python -m recipe                      # embedded default (tiny model, HF backend, CPU)
+python -m recipe experiment=kimi-k2.5 # production, patched SGLang
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,13 +50,22 @@ def user_errors() -> tuple:
     from .preflight import PreflightError
     from .shards.store import OutputLocked, ProvenanceMismatch
 
-    return (schema.ConfigError, ProvenanceMismatch, OutputLocked, DataError, PreflightError, ServerError,
-            FileNotFoundError, ValueError)
+    return (
+        schema.ConfigError,
+        ProvenanceMismatch,
+        OutputLocked,
+        DataError,
+        PreflightError,
+        ServerError,
+        FileNotFoundError,
+        ValueError,
+    )
 
 
 @dataclass
 class Job:
     """What `plan` hands to `capture` and `finish`."""
+
     model_dir: Path
     plan: Plan
     todo: list  # samples not stored yet
@@ -82,8 +92,10 @@ def run(cfg: DictConfig) -> dict:
     except OSError as e:  # a full disk outside the packer (opening the store, the manifest): nothing is lost
         if e.errno != errno.ENOSPC:
             raise
-        raise RunFailed(f"output disk full ({e}): free space on the filesystem of {cfg.output_dir}, then run the "
-                        "same command again to resume") from e
+        raise RunFailed(
+            f"output disk full ({e}): free space on the filesystem of {cfg.output_dir}, then run the "
+            "same command again to resume"
+        ) from e
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -100,27 +112,47 @@ def plan(cfg) -> Job:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model_dir} has no chat template: the loss mask needs one")
-    the_plan = build_plan(cfg.data, tokenizer)
+    t0 = time.monotonic()
+    the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s)
+    log.info("read and tokenized %d records in %.1f s", the_plan.input, time.monotonic() - t0)
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)
     for s in the_plan.samples:
         s.key = sample_key(fp, cap, s.input_ids)
-    model = {"name": cfg.model.name, "path": str(model_dir), "num_layers": cfg.model.num_layers,
-             "hidden_size": cfg.model.hidden_size}
-    store = ShardStore(out, identity(cfg, fp, tokenizer_provenance(model_dir, tokenizer), the_plan.sources),
-                       {"model": model}, max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)))
+    model = {
+        "name": cfg.model.name,
+        "path": str(model_dir),
+        "num_layers": cfg.model.num_layers,
+        "hidden_size": cfg.model.hidden_size,
+    }
+    store = ShardStore(
+        out,
+        identity(cfg, fp, tokenizer_provenance(model_dir, tokenizer), the_plan.sources),
+        {"model": model},
+        max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)),
+    )
     with contextlib.ExitStack() as on_error:
         on_error.callback(store.close)
         for name, dropped in store.repaired:
             log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
         if store.lost:
-            log.warning("resume: %d stored samples were lost (shard missing or cut short) and are redone: %s",
-                        len(store.lost), ", ".join(store.lost[:10]) + (" ..." if len(store.lost) > 10 else ""))
+            log.warning(
+                "resume: %d stored samples were lost (shard missing or cut short) and are redone: %s",
+                len(store.lost),
+                ", ".join(store.lost[:10]) + (" ..." if len(store.lost) > 10 else ""),
+            )
         todo = [s for s in the_plan.samples if s.key not in store.keys]
-        log.info("plan: %d input records -> %d samples (%d tokens), %d already stored, %d to do; skipped %s",
-                 the_plan.input, len(the_plan.samples), the_plan.tokens, len(the_plan.samples) - len(todo), len(todo),
-                 dict(the_plan.skipped) or "none")
-        preflight.check(todo, len(cap["slots"]), cfg.model.hidden_size, out, cfg.capture.dump_dir,
-                        cfg.capture.budget_gb)
+        log.info(
+            "plan: %d input records -> %d samples (%d tokens), %d already stored, %d to do; skipped %s",
+            the_plan.input,
+            len(the_plan.samples),
+            the_plan.tokens,
+            len(the_plan.samples) - len(todo),
+            len(todo),
+            dict(the_plan.skipped) or "none",
+        )
+        preflight.check(
+            todo, len(cap["slots"]), cfg.model.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb
+        )
         on_error.pop_all()
     return Job(model_dir, the_plan, todo, store, cap["slots"])
 
@@ -144,8 +176,9 @@ def check_model_config(cfg, model_dir: Path) -> None:
             raise ValueError(f"model config says {key}={ours} but {model_dir}/config.json says {hf[key]}")
     positions = hf.get("max_position_embeddings")
     if positions and cfg.data.max_length > positions:
-        raise schema.ConfigError(f"data.max_length={cfg.data.max_length} exceeds the model's "
-                                 f"max_position_embeddings={positions}")
+        raise schema.ConfigError(
+            f"data.max_length={cfg.data.max_length} exceeds the model's max_position_embeddings={positions}"
+        )
 
 
 # -- capture ---------------------------------------------------------------------------------
@@ -158,14 +191,22 @@ def capture(cfg, job: Job) -> Captured:
         budget = int(cfg.capture.budget_gb * (1 << 30))
         progress = Progress(len(job.todo), cfg.log_every_s, dump_dir, budget)
         codec = Codec(cfg.shards.zstd_level, cfg.shards.transform.value, cfg.shards.entropy_only)
-        with Packer(dump_dir, job.store, codec, job.slots, workers=cfg.shards.workers,
-                    dump_timeout_s=cfg.capture.dump_timeout_s, commit_every=cfg.shards.commit_every,
-                    progress=progress) as packer:
+        with Packer(
+            dump_dir,
+            job.store,
+            codec,
+            job.slots,
+            workers=cfg.shards.workers,
+            dump_timeout_s=cfg.capture.dump_timeout_s,
+            commit_every=cfg.shards.commit_every,
+            progress=progress,
+        ) as packer:
             writer = CaptureWriter(dump_dir, budget, cfg.capture.rid_prefix)
             try:
                 with make_backend(cfg, job.model_dir, dump_dir) as backend:
-                    backend.run(job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}",
-                                should_stop=stop.is_set)
+                    backend.run(
+                        job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}", should_stop=stop.is_set
+                    )
                     if stop.is_set():
                         interrupted = "interrupted by a signal"
                     packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
@@ -175,9 +216,11 @@ def capture(cfg, job: Job) -> Captured:
                 full = disk_full(e)
                 if full is None:
                     raise
-                interrupted = (f"output disk full ({full}): free space on the filesystem of {cfg.output_dir} (about "
-                               f"{preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1] / 1e9:.1f}"
-                               " GB for the whole run)")
+                interrupted = (
+                    f"output disk full ({full}): free space on the filesystem of {cfg.output_dir} (about "
+                    f"{preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1] / 1e9:.1f}"
+                    " GB for the whole run)"
+                )
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted)
 
@@ -241,19 +284,34 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
     packer, the_plan = cap.packer, job.plan
     already = len(the_plan.samples) - len(job.todo)
     not_done = len(job.todo) - packer.ok - sum(packer.failed.values())
-    counts = {"input": the_plan.input, "ok": already + packer.ok, "ok_this_run": packer.ok, "already_stored": already,
-              "skipped": dict(the_plan.skipped), "failed": dict(packer.failed), "not_done": not_done}
+    counts = {
+        "input": the_plan.input,
+        "ok": already + packer.ok,
+        "ok_this_run": packer.ok,
+        "already_stored": already,
+        "skipped": dict(the_plan.skipped),
+        "failed": dict(packer.failed),
+        "not_done": not_done,
+    }
     fields = {
         "versions": versions(),
-        "data": {"sources": the_plan.sources, "max_length": cfg.data.max_length, "overflow": cfg.data.overflow.value,
-                 "limit": cfg.data.limit, "shard_index": cfg.data.shard_index, "num_shards": cfg.data.num_shards},
-        "codec": {"zstd_level": cfg.shards.zstd_level, "transform": cfg.shards.transform.value,
-                  "entropy_only": cfg.shards.entropy_only},
+        "data": {
+            "sources": the_plan.sources,
+            "max_length": cfg.data.max_length,
+            "overflow": cfg.data.overflow.value,
+            "limit": cfg.data.limit,
+            "shard_index": cfg.data.shard_index,
+            "num_shards": cfg.data.num_shards,
+        },
+        "codec": {
+            "zstd_level": cfg.shards.zstd_level,
+            "transform": cfg.shards.transform.value,
+            "entropy_only": cfg.shards.entropy_only,
+        },
         "backend": backend_provenance(cfg),
         "counts": counts,
         "examples": {"skipped": dict(the_plan.examples), "failed": dict(packer.examples)},
-        "run": {"started": cap.started, "seconds": round(time.time() - cap.started, 3),
-                "interrupted": cap.interrupted},
+        "run": {"started": cap.started, "seconds": round(time.time() - cap.started, 3), "interrupted": cap.interrupted},
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
     }
     try:
@@ -266,24 +324,32 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         cap.interrupted = cap.interrupted or f"output disk full ({e}) while writing the manifest"
     print_summary(Path(cfg.output_dir), counts, the_plan, packer, manifest)
     if cap.interrupted:
-        raise RunFailed(f"{cap.interrupted}: {not_done} samples not done; run the same command again to resume "
-                        f"(output_dir={cfg.output_dir})")
+        raise RunFailed(
+            f"{cap.interrupted}: {not_done} samples not done; run the same command again to resume "
+            f"(output_dir={cfg.output_dir})"
+        )
     if packer.failed:
-        raise RunFailed(f"{sum(packer.failed.values())} samples failed: {dict(packer.failed)} "
-                        f"(details in {cfg.output_dir}/manifest.json)")
+        raise RunFailed(
+            f"{sum(packer.failed.values())} samples failed: {dict(packer.failed)} "
+            f"(details in {cfg.output_dir}/manifest.json)"
+        )
     return counts
 
 
 def print_summary(out, counts, the_plan, packer, manifest) -> None:
-    lines = [f"output: {out}",
-             f"input {counts['input']} = ok {counts['ok']} (new {counts['ok_this_run']}, resumed {counts['already_stored']})"
-             f" + skipped {sum(counts['skipped'].values())} + failed {sum(counts['failed'].values())}"
-             + (f" + not done {counts['not_done']}" if counts["not_done"] else "")]
+    lines = [
+        f"output: {out}",
+        f"input {counts['input']} = ok {counts['ok']} (new {counts['ok_this_run']}, resumed {counts['already_stored']})"
+        f" + skipped {sum(counts['skipped'].values())} + failed {sum(counts['failed'].values())}"
+        + (f" + not done {counts['not_done']}" if counts["not_done"] else ""),
+    ]
     if manifest is not None:
         t = manifest["totals"]
         ratio = t["raw_bytes"] / t["stored_bytes"] if t["stored_bytes"] else 0
-        lines.append(f"stored: {t['samples']} samples, {t['tokens']} tokens, {t['stored_bytes'] / 1e6:.1f} MB "
-                     f"(raw {t['raw_bytes'] / 1e6:.1f} MB, ratio {ratio:.3f}x)")
+        lines.append(
+            f"stored: {t['samples']} samples, {t['tokens']} tokens, {t['stored_bytes'] / 1e6:.1f} MB "
+            f"(raw {t['raw_bytes'] / 1e6:.1f} MB, ratio {ratio:.3f}x)"
+        )
     for kind, ex in (("skipped", the_plan.examples), ("failed", packer.examples)):
         for reason, n in counts[kind].items():
             lines.append(f"  {kind} {reason}: {n}" + (f"  e.g. {ex[reason][0]}" if ex.get(reason) else ""))
@@ -294,8 +360,19 @@ def print_summary(out, counts, the_plan, packer, manifest) -> None:
 schema.register()
 
 
+def quiet_third_party() -> None:
+    """transformers' and the hub's progress bars would interleave with the recipe's progress lines."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    with contextlib.suppress(ImportError):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
+    quiet_third_party()
     try:
         run(cfg)
     except user_errors() as e:  # one line with the fix; HYDRA_FULL_ERROR=1 keeps the traceback

@@ -15,6 +15,7 @@ small records cross between processes. A request that answered but whose dump ne
 `dump_timeout_s` is a failed sample: this is what catches a CUDA-graph replay (Python hooks do not
 run) or a mis-set server flag.
 """
+
 from __future__ import annotations
 
 import collections
@@ -71,8 +72,10 @@ class Progress:
         shm = ""
         if self.dump_dir is not None and self.dump_dir.exists():
             shm = f" | dump {records.dir_bytes(self.dump_dir) / 2**30:.2f}/{self.budget / 2**30:.1f} GiB"
-        return (f"packed {self.samples}/{self.total} (failed {self.failed}) | {self.samples / dt:.1f} samples/s | "
-                f"{self.tokens / dt / 1e3:.1f}K tok/s | raw {self.raw / dt / 1e9:.3f} GB/s | ratio {ratio:.3f}x{shm}")
+        return (
+            f"packed {self.samples}/{self.total} (failed {self.failed}) | {self.samples / dt:.1f} samples/s | "
+            f"{self.tokens / dt / 1e3:.1f}K tok/s | raw {self.raw / dt / 1e9:.3f} GB/s | ratio {ratio:.3f}x{shm}"
+        )
 
     def maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -104,6 +107,7 @@ def check_hidden(h: np.ndarray) -> str | None:
     return check_planes(hi.reshape(h.shape), lo.reshape(h.shape))
 
 
+QUEUED = 2  # tasks per worker process at once
 BLOCK = 1 << 19  # words per read: the split happens while the block is in cache
 _planes: dict[str, np.ndarray] = {}  # per process: reused, so a sample costs no fresh pages
 
@@ -131,13 +135,13 @@ def assemble(pieces: list[tuple[str, int]], n: int, slots: int, hidden: int):
             h = json.loads(f.read(hlen))
             if h["n"] != k or h["slots"] != slots or h["hidden"] != hidden or row + k > n:
                 raise ValueError(f"{path}: piece of {h['n']}x{h['slots']}x{h['hidden']} does not fit")
-            f.readinto(memoryview(ids[row:row + k]).cast("B"))
+            f.readinto(memoryview(ids[row : row + k]).cast("B"))
             end = pos + k * slots * hidden
             while pos < end:
                 m = min(BLOCK, end - pos)
                 words = buf[:m]
                 f.readinto(memoryview(words).cast("B"))
-                split_into(words, hi[pos:pos + m], lo[pos:pos + m], tmp[:m])
+                split_into(words, hi[pos : pos + m], lo[pos : pos + m], tmp[:m])
                 pos += m
         row += k
     shape = (row, slots, hidden)
@@ -165,7 +169,7 @@ class ShardAppender:
         self.crc = zlib.crc32(view, self.crc)
         self.length += len(view)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
         return len(b)
 
 
@@ -176,8 +180,15 @@ def pack(task: dict, codec: Codec, sink) -> str | int:
     if bad:
         return bad
     mask = task["loss_mask"]
-    codec.encode_to(sink, task["meta"], {"input_ids": ("int32", ids), "loss_mask": ("uint8", mask),
-                                         "hidden": ("bfloat16", (hi.reshape(-1), lo.reshape(-1)), hi.shape)})
+    codec.encode_to(
+        sink,
+        task["meta"],
+        {
+            "input_ids": ("int32", ids),
+            "loss_mask": ("uint8", mask),
+            "hidden": ("bfloat16", (hi.reshape(-1), lo.reshape(-1)), hi.shape),
+        },
+    )
     return int(ids.nbytes + hi.nbytes + lo.nbytes + mask.nbytes)
 
 
@@ -217,13 +228,27 @@ class Packer:
     """Use as a context manager: workers start on entry; on exit the packer thread finishes, the
     workers stop, and the last records are committed."""
 
-    def __init__(self, dump_dir, store, codec: Codec, slots: list[str], workers: int = 2,
-                 dump_timeout_s: float = 120.0, commit_every: int = 64, commit_every_s: float = 2.0,
-                 progress: Progress | None = None, poll_s: float = 0.01):
+    def __init__(
+        self,
+        dump_dir,
+        store,
+        codec: Codec,
+        slots: list[str],
+        workers: int = 2,
+        dump_timeout_s: float = 120.0,
+        commit_every: int = 64,
+        commit_every_s: float = 2.0,
+        progress: Progress | None = None,
+        poll_s: float = 0.01,
+    ):
         self.dump_dir = Path(dump_dir)
         self.store, self.codec, self.slots = store, codec, slots
         self.dump_timeout_s, self.commit_every, self.commit_every_s, self.poll_s = (
-            dump_timeout_s, commit_every, commit_every_s, poll_s)
+            dump_timeout_s,
+            commit_every,
+            commit_every_s,
+            poll_s,
+        )
         self.progress = progress or Progress(0)
         self.n_workers = max(1, workers)
         self.pending: dict[str, Pending] = {}
@@ -270,8 +295,12 @@ class Packer:
 
     def outstanding(self) -> int:
         with self._lock:
-            return (len(self.pending) + len(self.inflight) + len(self.uncommitted)
-                    + sum(len(done) for _, done in self.committing))
+            return (
+                len(self.pending)
+                + len(self.inflight)
+                + len(self.uncommitted)
+                + sum(len(done) for _, done in self.committing)
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Packer":
@@ -375,14 +404,19 @@ class Packer:
                         break
                     covered += p.pieces[off][1]
                 if covered >= n and p.responded_at is not None:  # the client vetted the response first
-                    del self.pending[rid]
-                    self._dispatch(p)
-                    busy = True
+                    if self._dispatch(p):  # else every worker is busy: it waits here, ready
+                        del self.pending[rid]
+                        busy = True
                 elif p.responded_at is not None and now - p.responded_at > self.dump_timeout_s:
                     del self.pending[rid]
-                    why = "no_dump" if not p.pieces else (
-                        f"incomplete_dump ({covered}/{n} tokens; pieces at {sorted(p.pieces)[:8]}; "
-                        f"{now - p.responded_at:.1f} s after the response)")
+                    why = (
+                        "no_dump"
+                        if not p.pieces
+                        else (
+                            f"incomplete_dump ({covered}/{n} tokens; pieces at {sorted(p.pieces)[:8]}; "
+                            f"{now - p.responded_at:.1f} s after the response)"
+                        )
+                    )
                     self._count_failure(p, why)
                     self._delete(p)
         return busy
@@ -404,10 +438,14 @@ class Packer:
     def _in_progress(self, rid: str) -> bool:
         return any(rid == q.rid for q, _ in self.inflight.values()) or any(rid == q.rid for q, _ in self.uncommitted)
 
-    def _dispatch(self, p: Pending) -> None:
-        """To the least busy worker, into its own shard (a fresh one once it is full)."""
+    def _dispatch(self, p: Pending) -> bool:
+        """To the least busy worker, into its own shard (a fresh one once it is full). At most QUEUED
+        tasks per worker: the shard sizes it rolls over on stay current, and nothing piles up in the
+        pipes. False when every worker is that busy."""
         load = collections.Counter(w for _, w in self.inflight.values())
         w = min(range(self.n_workers), key=lambda k: load[k])
+        if load[w] >= QUEUED:
+            return False
         first = min(p.pieces)
         _, _, slots, hidden = p.pieces[first]
         shard = self._shard.get(w)
@@ -416,12 +454,27 @@ class Packer:
         s = p.sample
         tid = next(self._tids)
         self.inflight[tid] = (p, w)
-        self._inboxes[w].put({
-            "tid": tid, "shard": str(shard[0]), "n": len(s.input_ids), "slots": slots, "hidden": hidden,
-            "n_slots": len(self.slots), "pieces": [(str(p.pieces[o][0]), p.pieces[o][1]) for o in sorted(p.pieces)],
-            "input_ids": np.asarray(s.input_ids, dtype=np.int32), "loss_mask": np.asarray(s.loss_mask, np.uint8),
-            "meta": {"id": s.id, "key": s.key, "source": s.source, "slots": self.slots,
-                     "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}})
+        self._inboxes[w].put(
+            {
+                "tid": tid,
+                "shard": str(shard[0]),
+                "n": len(s.input_ids),
+                "slots": slots,
+                "hidden": hidden,
+                "n_slots": len(self.slots),
+                "pieces": [(str(p.pieces[o][0]), p.pieces[o][1]) for o in sorted(p.pieces)],
+                "input_ids": np.asarray(s.input_ids, dtype=np.int32),
+                "loss_mask": np.asarray(s.loss_mask, np.uint8),
+                "meta": {
+                    "id": s.id,
+                    "key": s.key,
+                    "source": s.source,
+                    "slots": self.slots,
+                    "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"},
+                },
+            }
+        )
+        return True
 
     def _collect(self) -> bool:
         busy = False
@@ -439,10 +492,21 @@ class Packer:
                 raise RuntimeError(f"packer worker failed on sample {p.sample.id}:\n{res}")
             else:
                 shard, offset, length, crc, raw = res
-                self._shard[w][1] = offset + length
+                if self._shard[w][0].name == shard:  # not a result from before a rollover
+                    self._shard[w][1] = offset + length
                 s = p.sample
-                self.store.add(s.id, s.key, shard, offset, length, crc, tokens=len(s.input_ids), raw_bytes=raw,
-                               loss_tokens=int(np.asarray(s.loss_mask).sum()), source=s.source)
+                self.store.add(
+                    s.id,
+                    s.key,
+                    shard,
+                    offset,
+                    length,
+                    crc,
+                    tokens=len(s.input_ids),
+                    raw_bytes=raw,
+                    loss_tokens=int(np.asarray(s.loss_mask).sum()),
+                    source=s.source,
+                )
                 self.uncommitted.append((p, [v[0] for v in p.pieces.values()]))
                 self.progress.add(len(s.input_ids), raw, length)
         return busy
@@ -450,7 +514,11 @@ class Packer:
     def _maybe_commit(self, force: bool = False) -> None:
         if not self.uncommitted:
             return
-        if force or len(self.uncommitted) >= self.commit_every or time.monotonic() - self._last_commit > self.commit_every_s:
+        if (
+            force
+            or len(self.uncommitted) >= self.commit_every
+            or time.monotonic() - self._last_commit > self.commit_every_s
+        ):
             item = (self.store.take_pending(), self.uncommitted)
             with self._lock:
                 self.committing.append(item)

@@ -5,6 +5,7 @@ Strict: every hunk must match the file exactly at its stated line (no fuzz, no o
 is written. `apply` records what it applied in DIR/sglang/.hs_recipe_patch.json (patch sha256s and
 the patched files' sha256s); `status` re-checks those files; every manifest copies that record.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,10 +71,12 @@ def apply_text(original: str, hunks, name: str) -> str:
     for start, body in hunks:
         at = start - 1 if start else 0
         old = [c for op, c in body if op in (" ", "-")]
-        if src[at:at + len(old)] != old:
-            got = "".join(src[at:at + len(old)])[:400]
-            raise PatchError(f"{name}: hunk at line {start} does not match the installed file exactly.\n"
-                             f"--- expected ---\n{''.join(old)[:400]}\n--- found ---\n{got}")
+        if src[at : at + len(old)] != old:
+            got = "".join(src[at : at + len(old)])[:400]
+            raise PatchError(
+                f"{name}: hunk at line {start} does not match the installed file exactly.\n"
+                f"--- expected ---\n{''.join(old)[:400]}\n--- found ---\n{got}"
+            )
         out += src[pos:at]
         out += [c for op, c in body if op in (" ", "+")]
         pos = at + len(old)
@@ -121,7 +124,9 @@ def status(site: Path) -> dict:
     st = read_status(site)
     if st is None:
         return {"applied": False}
-    changed = [rel for rel, h in st["files"].items() if not (site / rel).exists() or sha256((site / rel).read_bytes()) != h]
+    changed = [
+        rel for rel, h in st["files"].items() if not (site / rel).exists() or sha256((site / rel).read_bytes()) != h
+    ]
     return {**st, "applied": True, "intact": not changed, "changed_since": changed}
 
 
@@ -145,8 +150,13 @@ def apply(site: Path, version: str) -> dict:
         (site / rel).write_text(text)
         py_compile.compile(str(site / rel), doraise=True)
     combined = sha256("".join(a["sha256"] for a in applied).encode())
-    record = {"sglang_version": version, "patches": applied, "patch_set_sha256": combined,
-              "files": {rel: sha256((site / rel).read_bytes()) for rel in new}, "applied_at": time.time()}
+    record = {
+        "sglang_version": version,
+        "patches": applied,
+        "patch_set_sha256": combined,
+        "files": {rel: sha256((site / rel).read_bytes()) for rel in new},
+        "applied_at": time.time(),
+    }
     (site / "sglang" / STATUS_FILE).write_text(json.dumps(record, indent=2))
     return status(site)
 
@@ -176,7 +186,9 @@ def pins(version: str) -> dict:
     except md.PackageNotFoundError:
         raise PatchError("sglang is not installed") from None
     if have != version:
-        raise PatchError(f"installed SGLang is {have}, the build pins {version}: base image and SGLANG_VERSION disagree")
+        raise PatchError(
+            f"installed SGLang is {have}, the build pins {version}: base image and SGLANG_VERSION disagree"
+        )
     return {"sglang": have, "patches": [str(p.relative_to(REPO)) for p in patch_files(version)]}
 
 
@@ -207,8 +219,9 @@ def smoke(site: Path, do_import: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.patch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m recipe.patch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("cmd", choices=["check", "apply", "status", "smoke", "site", "pins"])
     p.add_argument("--site-packages", type=Path, help="the folder that holds sglang/")
     p.add_argument("--version", help="SGLang version (default: read from sglang-*.dist-info)")

@@ -1,4 +1,5 @@
 """Before any GPU work: will the output and dump filesystems hold this run?"""
+
 from __future__ import annotations
 
 import logging
@@ -33,15 +34,27 @@ def check(samples, slots: int, hidden: int, out_dir, dump_dir, budget_gb: float)
     out_free = shutil.disk_usage(existing_parent(out_dir)).free
     dump_free = shutil.disk_usage(existing_parent(dump_dir)).free
     longest = max((len(s.input_ids) for s in samples), default=0) * (slots * hidden * 2 + 4)
-    log.info("preflight: %d samples, raw %.2f GB, expected on disk %.2f GB (free %.2f GB); dump budget %.2f GB "
-             "(free on %s: %.2f GB)", len(samples), raw / 1e9, stored / 1e9, out_free / 1e9, budget_gb,
-             dump_dir, dump_free / 1e9)
+    log.info(
+        "preflight: %d samples, raw %.2f GB, expected on disk %.2f GB (free %.2f GB); dump budget %.2f GiB "
+        "(free on %s: %.2f GiB)",
+        len(samples),
+        raw / 1e9,
+        stored / 1e9,
+        out_free / 1e9,
+        budget_gb,
+        dump_dir,
+        dump_free / 2**30,
+    )
     if stored > out_free:
-        raise PreflightError(f"output filesystem of {out_dir} has {out_free / 1e9:.1f} GB free but this run "
-                             f"needs about {stored / 1e9:.1f} GB: free space or split the data (data.num_shards)")
+        raise PreflightError(
+            f"output filesystem of {out_dir} has {out_free / 1e9:.1f} GB free but this run "
+            f"needs about {stored / 1e9:.1f} GB: free space or split the data (data.num_shards)"
+        )
     if budget_gb * (1 << 30) > dump_free:
-        raise PreflightError(f"capture.budget_gb={budget_gb} but {dump_dir} has only {dump_free / 1e9:.1f} GB free: "
-                             "lower the budget or enlarge /dev/shm (docker: ipc: host or shm_size)")
+        raise PreflightError(
+            f"capture.budget_gb={budget_gb} GiB but {dump_dir} has only {dump_free / 2**30:.1f} GiB free: "
+            "lower the budget or enlarge /dev/shm (docker: ipc: host or shm_size)"
+        )
     if longest > budget_gb * (1 << 30):
         log.warning("the longest sample (%.2f GB raw) exceeds capture.budget_gb: it will pass alone", longest / 1e9)
     return {"raw_bytes": raw, "expected_bytes": stored}

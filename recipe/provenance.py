@@ -6,6 +6,7 @@ first sample and a resume must match it field for field. Anything else (workers,
 zstd level, shard size, server flags such as TP size, data.limit) may change between runs: the
 stored samples stay the same samples.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,19 +32,34 @@ def model_fingerprint(model_dir: Path) -> str:
 
 def tokenizer_provenance(model_dir: Path, tokenizer) -> dict:
     """Hashes of the tokenizer files, the chat template and any remote code (*.py) beside them."""
-    files = {p.name: file_sha256(p) for p in sorted(model_dir.iterdir())
-             if p.is_file() and (p.name.startswith(("tokeniz", "special_tokens", "chat_template"))
-                                 or p.suffix in (".model", ".tiktoken", ".jinja"))}
+    files = {
+        p.name: file_sha256(p)
+        for p in sorted(model_dir.iterdir())
+        if p.is_file()
+        and (
+            p.name.startswith(("tokeniz", "special_tokens", "chat_template"))
+            or p.suffix in (".model", ".tiktoken", ".jinja")
+        )
+    }
     code = {p.name: file_sha256(p) for p in sorted(model_dir.glob("*.py"))}
-    return {"sha256": files.get("tokenizer.json"), "files": files, "remote_code": code or None,
-            "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()}
+    return {
+        "sha256": files.get("tokenizer.json"),
+        "files": files,
+        "remote_code": code or None,
+        "chat_template_sha256": hashlib.sha256(tokenizer.chat_template.encode()).hexdigest(),
+    }
 
 
 def capture_spec(cfg) -> dict:
     layers = list(cfg.capture.layers)
-    return {"layers": layers, "final": bool(cfg.capture.final),
-            "final_norm": "post" if cfg.capture.final else None, "convention": cfg.capture.convention,
-            "slots": slot_names(layers, cfg.capture.final), "dtype": cfg.model.dtype}
+    return {
+        "layers": layers,
+        "final": bool(cfg.capture.final),
+        "final_norm": "post" if cfg.capture.final else None,
+        "convention": cfg.capture.convention,
+        "slots": slot_names(layers, cfg.capture.final),
+        "dtype": cfg.model.dtype,
+    }
 
 
 def slot_names(layers, final) -> list[str]:
@@ -51,11 +67,19 @@ def slot_names(layers, final) -> list[str]:
 
 
 def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dict:
-    return {"format": f"recipe-hidden-states/{FORMAT_VERSION}", "model_fingerprint": fingerprint,
-            "capture": capture_spec(cfg), "tokenizer": tokenizer,
-            "data": {"sources": [{"source": s["source"], "sha256": s["sha256"]} for s in sources],
-                     "max_length": cfg.data.max_length, "overflow": cfg.data.overflow.value,
-                     "shard_index": cfg.data.shard_index, "num_shards": cfg.data.num_shards}}
+    return {
+        "format": f"recipe-hidden-states/{FORMAT_VERSION}",
+        "model_fingerprint": fingerprint,
+        "capture": capture_spec(cfg),
+        "tokenizer": tokenizer,
+        "data": {
+            "sources": [{"source": s["source"], "sha256": s["sha256"]} for s in sources],
+            "max_length": cfg.data.max_length,
+            "overflow": cfg.data.overflow.value,
+            "shard_index": cfg.data.shard_index,
+            "num_shards": cfg.data.num_shards,
+        },
+    }
 
 
 def versions() -> dict:

@@ -1,4 +1,5 @@
 """The config schema. Hydra merges conf/ onto it, so a typo'd key or a wrong type fails at compose time."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -8,9 +9,11 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-CONVENTION = ("residual_in: slot for layer i is the residual stream entering decoder layer i "
-              "(= HF output_hidden_states[i], 0 = embeddings); the final slot is the last hidden state "
-              "after the model's final norm (= HF output_hidden_states[num_layers])")
+CONVENTION = (
+    "residual_in: slot for layer i is the residual stream entering decoder layer i "
+    "(= HF output_hidden_states[i], 0 = embeddings); the final slot is the last hidden state "
+    "after the model's final norm (= HF output_hidden_states[num_layers])"
+)
 
 
 class Overflow(str, Enum):
@@ -21,7 +24,6 @@ class Overflow(str, Enum):
 class Transform(str, Enum):
     byteplane = "byteplane"  # bf16 words as high bytes then low bytes: 1.44x with zstd-1 on real activations
     none = "none"
-
 
 
 @dataclass
@@ -145,17 +147,23 @@ def validate(cfg) -> None:
     """What types cannot say: unknown keys, ranges, relations. Runs first, before any work."""
     unknown = unknown_keys(cfg, Config)
     if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: a typo? `python -m recipe --cfg job` "
-                          "prints every key")
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(unknown)}: a typo? `python -m recipe --cfg job` prints every key"
+        )
     d, s, c, cl, srv = cfg.data, cfg.shards, cfg.capture, cfg.client, cfg.server
     checks = [
         (d.max_length >= 1, f"data.max_length={d.max_length} must be >= 1"),
         (d.limit is None or d.limit >= 1, f"data.limit={d.limit} must be >= 1 (or null for all)"),
         (d.max_failures >= 0, f"data.max_failures={d.max_failures} must be >= 0"),
         (d.num_shards >= 1, f"data.num_shards={d.num_shards} must be >= 1"),
-        (0 <= d.shard_index < max(d.num_shards, 1),
-         f"data.shard_index={d.shard_index} not in [0, data.num_shards={d.num_shards})"),
-        (-7 <= s.zstd_level <= 22 and s.zstd_level != 0, f"shards.zstd_level={s.zstd_level}: zstd levels are -7..-1, 1..22"),
+        (
+            0 <= d.shard_index < max(d.num_shards, 1),
+            f"data.shard_index={d.shard_index} not in [0, data.num_shards={d.num_shards})",
+        ),
+        (
+            -7 <= s.zstd_level <= 22 and s.zstd_level != 0,
+            f"shards.zstd_level={s.zstd_level}: zstd levels are -7..-1, 1..22",
+        ),
         (s.workers >= 1, f"shards.workers={s.workers} must be >= 1"),
         (s.commit_every >= 1, f"shards.commit_every={s.commit_every} must be >= 1"),
         (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),
@@ -176,17 +184,32 @@ def validate(cfg) -> None:
     if layers != sorted(set(layers)):
         raise ConfigError(f"capture.layers must be ascending and unique, got {layers}")
     if layers and (layers[0] < 0 or layers[-1] >= n):
-        raise ConfigError(f"capture.layers {layers} out of range for {n} layers: index i is the residual stream "
-                          f"entering layer i, so 0 <= i < {n}; use capture.final for the last state")
+        raise ConfigError(
+            f"capture.layers {layers} out of range for {n} layers: index i is the residual stream "
+            f"entering layer i, so 0 <= i < {n}; use capture.final for the last state"
+        )
     if cfg.backend.name == "sglang" and layers and layers[0] == 0:
-        raise ConfigError("backend=sglang cannot capture layer 0 (the embeddings): SGLang adds the residual, "
-                          "which does not exist yet before layer 0")
+        raise ConfigError(
+            "backend=sglang cannot capture layer 0 (the embeddings): SGLang adds the residual, "
+            "which does not exist yet before layer 0"
+        )
     if cfg.backend.name not in ("hf", "sglang"):
         raise ConfigError(f"backend.name must be hf or sglang, got {cfg.backend.name!r}")
 
 
-_SECTIONS = {c.__name__: c for c in (ModelConfig, BackendConfig, ServerConfig, NcclConfig, CaptureConfig, DataConfig,
-                                     ClientConfig, ShardsConfig)}
+_SECTIONS = {
+    c.__name__: c
+    for c in (
+        ModelConfig,
+        BackendConfig,
+        ServerConfig,
+        NcclConfig,
+        CaptureConfig,
+        DataConfig,
+        ClientConfig,
+        ShardsConfig,
+    )
+}
 
 
 def register() -> None:

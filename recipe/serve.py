@@ -3,6 +3,7 @@
 For nodes 1..N-1 of a multi-node server: same config, same argv and environment as the recipe
 builds on node 0, but no client and no packer. Exits with the server's status; SIGTERM stops it.
 """
+
 from __future__ import annotations
 
 import signal
@@ -23,8 +24,13 @@ schema.register()
 def serve(cfg: DictConfig) -> int:
     validate(cfg)
     dump = make_dump_dir(cfg.capture.dump_dir)
-    srv = Server(server_argv(cfg, resolve_model_path(cfg.model.path)), server_env(cfg, dump),
-                 Path(hydra_run_dir() or ".") / "server.log", f"http://127.0.0.1:{cfg.server.port}", cfg.server.ready_timeout_s)
+    srv = Server(
+        server_argv(cfg, resolve_model_path(cfg.model.path)),
+        server_env(cfg, dump),
+        Path(hydra_run_dir() or ".") / "server.log",
+        f"http://127.0.0.1:{cfg.server.port}",
+        cfg.server.ready_timeout_s,
+    )
     signal.signal(signal.SIGTERM, lambda *a: srv.stop())
     srv.start()
     try:

@@ -4,6 +4,7 @@
 builds larger ones (`tiny-llama-256`, `tiny-deepseek-v3`) the same way, on the GPU machine, so
 SGLang and HF load the very same safetensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,30 +15,73 @@ from pathlib import Path
 
 # A byte-level tokenizer: every UTF-8 byte is a token, plus the chat markers of two template
 # families. Tiny, needs no training, and tokenizes any text.
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-            "<|end_header_id|>", "<|eot_id|>", "<pad>"]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-          "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<pad>",
+]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
 TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3}
 VOCAB = 272  # 256 bytes + 8 specials, rounded up
 
 SPECS = {
-    "tiny-llama": dict(arch="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2),
-    "tiny-llama-256": dict(arch="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=6,
-                           num_attention_heads=4, num_key_value_heads=2),
+    "tiny-llama": dict(
+        arch="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+    "tiny-llama-256": dict(
+        arch="llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
     # MLA + MoE as in DeepSeek-V3 / Kimi-K2.5, scaled down (shapes seen served by SGLang 0.5.16)
-    "tiny-deepseek-v3": dict(arch="deepseek_v3", hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                             first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
-                             n_shared_experts=1, n_group=1, topk_group=1, kv_lora_rank=512, q_lora_rank=256,
-                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                             # keys real DeepSeek-V3 config.json files carry and SGLang reads
-                             moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
-                             norm_topk_prob=True, routed_scaling_factor=2.5),
+    "tiny-deepseek-v3": dict(
+        arch="deepseek_v3",
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        kv_lora_rank=512,
+        q_lora_rank=256,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        # keys real DeepSeek-V3 config.json files carry and SGLang reads
+        moe_layer_freq=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        ep_size=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    ),
 }
 
 
@@ -55,10 +99,12 @@ def make_tokenizer(template: str = "chatml"):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|endoftext|>",
-                                   pad_token="<pad>")
-    fast.add_special_tokens({"additional_special_tokens": [s for s in SPECIALS if s not in
-                                                           ("<|begin_of_text|>", "<|endoftext|>", "<pad>")]})
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|endoftext|>", pad_token="<pad>"
+    )
+    fast.add_special_tokens(
+        {"additional_special_tokens": [s for s in SPECIALS if s not in ("<|begin_of_text|>", "<|endoftext|>", "<pad>")]}
+    )
     fast.chat_template = TEMPLATES[template]
     return fast
 
@@ -70,8 +116,14 @@ def make_model(name: str, seed: int = 0):
     spec = dict(SPECS[name])
     arch = spec.pop("arch")
     tok = make_tokenizer()
-    common = dict(vocab_size=VOCAB, max_position_embeddings=8192, tie_word_embeddings=False,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    common = dict(
+        vocab_size=VOCAB,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, **spec)
     else:
@@ -114,6 +166,8 @@ def resolve_model_path(path: str) -> Path:
         return materialize(path.split(":", 1)[1])
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
-        raise FileNotFoundError(f"model.path={path!r} is not a local model directory (no config.json); "
-                                "the recipe never downloads weights: mount them and point model.path there")
+        raise FileNotFoundError(
+            f"model.path={path!r} is not a local model directory (no config.json); "
+            "the recipe never downloads weights: mount them and point model.path there"
+        )
     return p

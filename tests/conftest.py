@@ -55,7 +55,20 @@ def sglang_wheel():
     cache.mkdir(parents=True, exist_ok=True)
     found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-                        f"sglang=={SGLANG_VERSION}", "-d", str(cache)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--disable-pip-version-check",
+                f"sglang=={SGLANG_VERSION}",
+                "-d",
+                str(cache),
+            ],
+            check=True,
+        )
         found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     return found[0]

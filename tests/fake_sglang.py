@@ -12,6 +12,7 @@ flaky500 (the first attempt of every request answers 500), die_once (the process
 request, once per marker file FAKE_SGLANG_MARKER), hang_once (on the 3rd request the scheduler and /health stop
 answering while the process stays up; once per marker), cached (answers cached_tokens > 0), slow (sleep per pass).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,16 +66,20 @@ class FakeModel:
         rows_final, rows_aux, ids = [], [[] for _ in self.model.layers_to_capture], []
         for rid, full, pre, n in pieces:
             final, aux = self.states(full[: pre + n])  # causal: the first pre+n tokens decide these rows
-            rows_final.append(final[pre:pre + n])
+            rows_final.append(final[pre : pre + n])
             for k, a in enumerate(aux):
-                rows_aux[k].append(a[pre:pre + n])
-            ids += list(full[pre:pre + n])
+                rows_aux[k].append(a[pre : pre + n])
+            ids += list(full[pre : pre + n])
         final = torch.cat(rows_final)
         aux = [torch.cat(r) for r in rows_aux] if self.capture_aux_hidden_states else None
-        fb = SimpleNamespace(forward_mode=mode, rids=[p[0] for p in pieces],
-                             extend_seq_lens_cpu=[p[3] for p in pieces], extend_prefix_lens_cpu=[p[2] for p in pieces],
-                             input_ids=torch.tensor(ids, dtype=torch.int64),
-                             orig_seq_lens=torch.tensor([len(p[1]) for p in pieces], dtype=torch.int32))
+        fb = SimpleNamespace(
+            forward_mode=mode,
+            rids=[p[0] for p in pieces],
+            extend_seq_lens_cpu=[p[3] for p in pieces],
+            extend_prefix_lens_cpu=[p[2] for p in pieces],
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            orig_seq_lens=torch.tensor([len(p[1]) for p in pieces], dtype=torch.int32),
+        )
         if "graphs" not in MODES and self.hs_dump is not None:
             self.hs_dump(fb, final, aux)
 
@@ -182,8 +187,12 @@ def main():
             if "flaky500" in MODES and "-r" not in req["rid"]:
                 return self.reply(500, {"error": "injected"})
             sched.submit(req["rid"], req["input_ids"])
-            meta = {"id": req["rid"], "prompt_tokens": len(req["input_ids"]),
-                    "cached_tokens": 7 if "cached" in MODES else 0, "completion_tokens": 0}
+            meta = {
+                "id": req["rid"],
+                "prompt_tokens": len(req["input_ids"]),
+                "cached_tokens": 7 if "cached" in MODES else 0,
+                "completion_tokens": 0,
+            }
             if req.get("return_hidden_states"):  # as SGLang with aux capture on: the aux concatenation [T, K*H]
                 final, aux = model.states(req["input_ids"])
                 meta["hidden_states"] = [torch.cat(aux, dim=-1).float().tolist() if aux else final.float().tolist()]

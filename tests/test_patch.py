@@ -1,4 +1,5 @@
 """The patches apply exactly to the pinned upstream SGLang (downloaded from PyPI once, cached)."""
+
 import ast
 import json
 import subprocess
@@ -7,13 +8,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SGLANG_VERSION
+
 from recipe import patch
 
 VERSION = SGLANG_VERSION
-PATCHED = ["sglang/srt/models/llama.py", "sglang/srt/models/deepseek_v2.py", "sglang/srt/models/qwen3.py",
-           "sglang/srt/models/qwen3_moe.py"]
+PATCHED = [
+    "sglang/srt/models/llama.py",
+    "sglang/srt/models/deepseek_v2.py",
+    "sglang/srt/models/qwen3.py",
+    "sglang/srt/models/qwen3_moe.py",
+]
 
 
 @pytest.fixture
@@ -21,8 +26,12 @@ def site(tmp_path, sglang_wheel):
     """The files of the pinned wheel that matter (the package's python files and its dist-info)."""
     with zipfile.ZipFile(sglang_wheel) as z:
         for n in z.namelist():
-            if n.endswith(".py") and n.startswith("sglang/srt/models/") or n.startswith(f"sglang-{VERSION}.dist-info/") \
-                    or n == "sglang/__init__.py":
+            if (
+                n.endswith(".py")
+                and n.startswith("sglang/srt/models/")
+                or n.startswith(f"sglang-{VERSION}.dist-info/")
+                or n == "sglang/__init__.py"
+            ):
                 z.extract(n, tmp_path)
     return tmp_path
 
@@ -81,7 +90,9 @@ def test_a_drifted_upstream_fails_loudly_and_writes_nothing(site):
 
 def test_patches_stay_tiny():
     for pf in sorted((ROOT / "patches/sglang" / f"v{VERSION}").glob("*.patch")):
-        changed = [l for l in pf.read_text().splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+        changed = [
+            line for line in pf.read_text().splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        ]
         assert len(changed) <= 12, (pf.name, len(changed))
 
 

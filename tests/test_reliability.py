@@ -1,4 +1,5 @@
 """Crash safety, resume, bounded resources and disk-full, with injected faults (CPU, bounded in time)."""
+
 import errno
 import json
 import random
@@ -10,8 +11,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import compose
+
 from recipe.capture import records
 from recipe.capture.writer import CaptureWriter
 from recipe.main import RunFailed, run
@@ -24,9 +25,22 @@ ARGS = ["data.limit=24", "backend.batch_size=1", "shards.commit_every=2", "log_e
 
 
 def start(tmp, out, *extra):
-    return subprocess.Popen([sys.executable, "-m", "recipe", *ARGS, f"output_dir={out}", f"hydra.run.dir={tmp / 'run'}",
-                             f"capture.dump_dir={tmp / 'shm'}", *extra], cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recipe",
+            *ARGS,
+            f"output_dir={out}",
+            f"hydra.run.dir={tmp / 'run'}",
+            f"capture.dump_dir={tmp / 'shm'}",
+            *extra,
+        ],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def expected_ids(tmp):
@@ -64,6 +78,7 @@ def full_run_s(tmp_path_factory):
     return startup, time.monotonic() - t0 - startup
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_kill_9_at_random_points_then_resume(tmp_path, full_run_s):
     ids = expected_ids(tmp_path)
@@ -148,8 +163,10 @@ def test_preflight_refuses_a_run_the_disk_cannot_hold(tmp_path, monkeypatch):
     import shutil as sh
 
     real = sh.disk_usage
-    monkeypatch.setattr("recipe.preflight.shutil.disk_usage",
-                        lambda p: real(p)._replace(free=1000) if str(p).startswith(str(tmp_path / "o")) else real(p))
+    monkeypatch.setattr(
+        "recipe.preflight.shutil.disk_usage",
+        lambda p: real(p)._replace(free=1000) if str(p).startswith(str(tmp_path / "o")) else real(p),
+    )
     (tmp_path / "o").mkdir()
     with pytest.raises(PreflightError, match="has 0.0 GB free but this run needs"):
         run(compose([f"output_dir={tmp_path / 'o' / 'x'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=4"]))
@@ -158,8 +175,15 @@ def test_preflight_refuses_a_run_the_disk_cannot_hold(tmp_path, monkeypatch):
 def test_output_disk_full_stops_cleanly_and_resumes(tmp_path, monkeypatch):
     from recipe.shards.store import ShardStore
 
-    cfg = compose([f"output_dir={tmp_path / 'o'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=12",
-                   "shards.commit_every=1", "log_every_s=1000"])
+    cfg = compose(
+        [
+            f"output_dir={tmp_path / 'o'}",
+            f"capture.dump_dir={tmp_path / 's'}",
+            "data.limit=12",
+            "shards.commit_every=1",
+            "log_every_s=1000",
+        ]
+    )
     real = ShardStore.add  # the packer's workers have written the frame; recording it fails
     calls = {"n": 0}
 
@@ -185,8 +209,16 @@ def test_hung_server_is_detected_and_restarted(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SGLANG_MODE", "hang_once")
     monkeypatch.setenv("FAKE_SGLANG_MARKER", str(tmp_path / "hung"))
     t0 = time.monotonic()
-    counts = run(sg_cfg(tmp_path, "data.limit=6", "server.health_every_s=1", "server.health_timeout_s=2",
-                        "server.health_misses=2", "client.timeout_s=120"))
+    counts = run(
+        sg_cfg(
+            tmp_path,
+            "data.limit=6",
+            "server.health_every_s=1",
+            "server.health_timeout_s=2",
+            "server.health_misses=2",
+            "client.timeout_s=120",
+        )
+    )
     assert (tmp_path / "hung").exists() and counts["ok"] == 6 and not counts["failed"]
     assert time.monotonic() - t0 < 100  # found by the watchdog, not by the 120 s request timeout
     log = (tmp_path / "out" / "logs" / "server.log").read_text()

@@ -1,4 +1,5 @@
 """capture -> packer -> shards -> reader, bit for bit; the HF backend against transformers itself."""
+
 import json
 import subprocess
 import sys
@@ -6,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import compose
+
 from recipe.backends.hf import HFBackend
 from recipe.capture.writer import CaptureWriter
 from recipe.data import Sample
@@ -20,8 +21,9 @@ from recipe.shards.store import ShardStore
 
 
 def run_cfg(tmp_path, *extra):
-    return compose([f"output_dir={tmp_path / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}", "log_every_s=1000",
-                    *extra])
+    return compose(
+        [f"output_dir={tmp_path / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}", "log_every_s=1000", *extra]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +60,12 @@ def test_hf_backend_equals_transformers_output_hidden_states(tiny_model_dir, tok
     ids = torch.zeros(3, 33, dtype=torch.long)
     att = torch.zeros(3, 33, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.as_tensor(s)
-        att[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.as_tensor(s)
+        att[i, : len(s)] = 1
     with torch.inference_mode():
         hs = ref(ids, attention_mask=att, output_hidden_states=True).hidden_states
     for i, (s, h) in enumerate(zip(seqs, got)):
-        want = torch.stack([hs[k][i, :len(s)] for k in layers] + [hs[4][i, :len(s)]], dim=1)
+        want = torch.stack([hs[k][i, : len(s)] for k in layers] + [hs[4][i, : len(s)]], dim=1)
         assert h.shape == (len(s), 4, 64)
         assert torch.equal(h, want)
     # 2. padding leaks nothing: each sequence alone, unpadded, agrees to bf16 rounding
@@ -80,6 +82,7 @@ def test_round_trip_is_bit_exact(default_run, tiny_model_dir):
     assert counts["ok"] == counts["input"] == 40
     reader = ShardReader(out)
     from transformers import AutoTokenizer
+
     from recipe.data import build_plan
 
     plan = build_plan(cfg.data, AutoTokenizer.from_pretrained(tiny_model_dir))
@@ -102,8 +105,15 @@ def test_manifest_records_provenance(default_run):
     assert m["versions"]["torch"] and m["versions"]["transformers"]
     assert len(m["model_fingerprint"]) == 32 and m["tokenizer"]["chat_template_sha256"]
     assert m["data"]["sources"][0]["sha256"] and m["data"]["max_length"] == 1024
-    assert m["counts"] == {"input": 40, "ok": 40, "ok_this_run": 40, "already_stored": 0, "skipped": {},
-                           "failed": {}, "not_done": 0}
+    assert m["counts"] == {
+        "input": 40,
+        "ok": 40,
+        "ok_this_run": 40,
+        "already_stored": 0,
+        "skipped": {},
+        "failed": {},
+        "not_done": 0,
+    }
 
 
 def test_resume_skips_what_is_stored(default_run):
@@ -162,7 +172,9 @@ def test_flipped_byte_is_named(default_run, tmp_path):
 
 def mk_sample(i, n, rng):
     ids = rng.integers(0, 256, n).astype(np.int32)
-    return Sample(id=f"s{i}", input_ids=ids, loss_mask=(np.arange(n) % 2).astype(np.uint8), source=f"t:{i}", key=f"k{i}")
+    return Sample(
+        id=f"s{i}", input_ids=ids, loss_mask=(np.arange(n) % 2).astype(np.uint8), source=f"t:{i}", key=f"k{i}"
+    )
 
 
 def packer_for(tmp_path, slots=2, **kw):
@@ -190,12 +202,21 @@ def test_chunked_records_reassemble(tmp_path):
     for s in (a, b, c):
         packer.expect("hsx-" + s.id, s)
     # pass 1: all of b + a[0:78]; pass 2: a[78:206]; pass 3: a[206:300] + c
-    w.write_pass(["hsx-s1", "hsx-s0"], [0, 0], [50, 78], np.concatenate([b.input_ids, a.input_ids[:78]]),
-                 np.concatenate([H["s1"], H["s0"][:78]]))
+    w.write_pass(
+        ["hsx-s1", "hsx-s0"],
+        [0, 0],
+        [50, 78],
+        np.concatenate([b.input_ids, a.input_ids[:78]]),
+        np.concatenate([H["s1"], H["s0"][:78]]),
+    )
     w.write_pass(["hsx-s0"], [78], [128], a.input_ids[78:206], H["s0"][78:206])
-    w.write_pass(["hsx-s0", "HEALTH_CHECK_ab", "hsx-s2"], [206, 0, 0], [94, 1, 120],
-                 np.concatenate([a.input_ids[206:], [7], c.input_ids]),
-                 np.concatenate([H["s0"][206:], np.ones((1, 2, 8), np.uint16), H["s2"]]))
+    w.write_pass(
+        ["hsx-s0", "HEALTH_CHECK_ab", "hsx-s2"],
+        [206, 0, 0],
+        [94, 1, 120],
+        np.concatenate([a.input_ids[206:], [7], c.input_ids]),
+        np.concatenate([H["s0"][206:], np.ones((1, 2, 8), np.uint16), H["s2"]]),
+    )
     assert not list(dump.glob("HEALTH*"))  # not the recipe's request: never dumped
     for s in (a, b, c):
         packer.responded("hsx-" + s.id)
@@ -215,12 +236,15 @@ def test_packer_failures_are_counted(tmp_path):
     for x in s:
         packer.expect("hsx-" + x.id, x)
     ok = rng.integers(1, 30000, (20, 2, 8)).astype(np.uint16)
-    w.write_pass(["hsx-s0"], [0], [20], s[0].input_ids, ok)                         # good
-    wrong_ids = s[1].input_ids.copy(); wrong_ids[3] += 1
-    w.write_pass(["hsx-s1"], [0], [20], wrong_ids, ok)                              # ids differ from what was sent
-    nan = ok.copy(); nan[4, 1, 2] = 0x7FC0
-    w.write_pass(["hsx-s2"], [0], [20], s[2].input_ids, nan)                        # NaN
-    zero = ok.copy(); zero[:, 1] = 0x8000                                           # -0.0 everywhere in slot 1
+    w.write_pass(["hsx-s0"], [0], [20], s[0].input_ids, ok)  # good
+    wrong_ids = s[1].input_ids.copy()
+    wrong_ids[3] += 1
+    w.write_pass(["hsx-s1"], [0], [20], wrong_ids, ok)  # ids differ from what was sent
+    nan = ok.copy()
+    nan[4, 1, 2] = 0x7FC0
+    w.write_pass(["hsx-s2"], [0], [20], s[2].input_ids, nan)  # NaN
+    zero = ok.copy()
+    zero[:, 1] = 0x8000  # -0.0 everywhere in slot 1
     w.write_pass(["hsx-s3"], [0], [20], s[3].input_ids, zero)
     # s4: the server answered but no dump ever came (a CUDA-graph replay looks like this)
     for x in s:

@@ -1,13 +1,14 @@
 """Scaling out: a -m sweep over data shards + merge == one run; submitit_local runs the same sweep;
 the SLURM launcher renders; multi-node server flags; merge refuses mixed provenance."""
+
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, compose
+
 from recipe.backends.sglang import server_argv
 from recipe.shards import ShardReader
 from recipe.shards.__main__ import verify
@@ -17,8 +18,13 @@ COMMON = ["data.limit=10", "backend.batch_size=1", "log_every_s=1000"]  # batch 
 
 
 def recipe(tmp_path, *args):
-    r = subprocess.run([sys.executable, "-m", "recipe", *args, f"capture.dump_dir={tmp_path / 'shm'}"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "recipe", *args, f"capture.dump_dir={tmp_path / 'shm'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return r
 
@@ -36,11 +42,16 @@ def frames(d):
 
 
 def test_sweep_then_merge_equals_one_run(tmp_path, single):
-    recipe(tmp_path, "-m", *COMMON, "data.num_shards=2", "data.shard_index=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    recipe(
+        tmp_path, "-m", *COMMON, "data.num_shards=2", "data.shard_index=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     sets = sorted((tmp_path / "sweep").glob("*/shards"))
     assert len(sets) == 2 and all("data.shard_index=" in s.parent.name for s in sets)  # dirs named from overrides
-    r = subprocess.run([sys.executable, "-m", "recipe.shards", "merge", str(tmp_path / "merged"), *map(str, sets)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "recipe.shards", "merge", str(tmp_path / "merged"), *map(str, sets)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["duplicates"] == 0
     assert verify(tmp_path / "merged") == []
@@ -50,8 +61,16 @@ def test_sweep_then_merge_equals_one_run(tmp_path, single):
 
 
 def test_submitit_local_runs_the_sweep(tmp_path):
-    recipe(tmp_path, "-m", "hydra/launcher=local", *COMMON, "data.limit=6", "data.num_shards=2", "data.shard_index=0,1",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    recipe(
+        tmp_path,
+        "-m",
+        "hydra/launcher=local",
+        *COMMON,
+        "data.limit=6",
+        "data.num_shards=2",
+        "data.shard_index=0,1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     sets = sorted((tmp_path / "sweep").glob("*/shards"))
     assert len(sets) == 2
     assert sum(len(ShardReader(s)) for s in sets) == 6 and all(verify(s) == [] for s in sets)
@@ -59,8 +78,13 @@ def test_submitit_local_runs_the_sweep(tmp_path):
 
 
 def test_slurm_launcher_renders():
-    r = subprocess.run([sys.executable, "-m", "recipe", "hydra/launcher=slurm", "--cfg", "hydra"], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "SLURM_PARTITION": "h200"})
+    r = subprocess.run(
+        [sys.executable, "-m", "recipe", "hydra/launcher=slurm", "--cfg", "hydra"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_PARTITION": "h200"},
+    )
     assert r.returncode == 0, r.stderr
     import yaml
 
@@ -75,8 +99,14 @@ def test_multinode_server_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
     cfg = compose(["backend=sglang", "server=multinode", "nccl=infiniband", "output_dir=/o"])
     argv = " ".join(server_argv(cfg, tmp_path))
-    for flag in ("--nnodes 2", "--node-rank 1", "--dist-init-addr 10.1.2.3:50000", "--tp-size 16",
-                 "--cuda-graph-backend-prefill disabled", "--disable-radix-cache"):
+    for flag in (
+        "--nnodes 2",
+        "--node-rank 1",
+        "--dist-init-addr 10.1.2.3:50000",
+        "--tp-size 16",
+        "--cuda-graph-backend-prefill disabled",
+        "--disable-radix-cache",
+    ):
         assert flag in argv
 
 

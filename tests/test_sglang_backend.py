@@ -1,13 +1,14 @@
 """backend=sglang on the CPU: server argv/env from config, enforced flags, and the whole pipeline
 (server lifecycle, client, hook, packer) against tests/fake_sglang.py."""
+
 import json
 import socket
 import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, compose
+
 from recipe.backends.hf import HFBackend
 from recipe.backends.sglang import server_argv, server_env, to_flags
 from recipe.main import RunFailed, run
@@ -24,9 +25,15 @@ def free_port():
 
 
 def test_flags_from_yaml():
-    assert to_flags({"tp_size": 8, "disable_radix_cache": True, "enable_x": False, "attention_backend": None,
-                     "json_model_override_args": {"a": 1}}) == [
-        "--tp-size", "8", "--disable-radix-cache", "--json-model-override-args", '{"a": 1}']
+    assert to_flags(
+        {
+            "tp_size": 8,
+            "disable_radix_cache": True,
+            "enable_x": False,
+            "attention_backend": None,
+            "json_model_override_args": {"a": 1},
+        }
+    ) == ["--tp-size", "8", "--disable-radix-cache", "--json-model-override-args", '{"a": 1}']
 
 
 def test_server_argv_and_env(tmp_path):
@@ -34,9 +41,15 @@ def test_server_argv_and_env(tmp_path):
     argv = server_argv(cfg, tmp_path)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     joined = " ".join(argv)
-    for flag in ("--model-path " + str(tmp_path), "--tp-size 8", "--cuda-graph-backend-prefill disabled",
-                 "--cuda-graph-backend-decode disabled", "--disable-radix-cache", "--skip-tokenizer-init",
-                 "--chunked-prefill-size 16384"):
+    for flag in (
+        "--model-path " + str(tmp_path),
+        "--tp-size 8",
+        "--cuda-graph-backend-prefill disabled",
+        "--cuda-graph-backend-decode disabled",
+        "--disable-radix-cache",
+        "--skip-tokenizer-init",
+        "--chunked-prefill-size 16384",
+    ):
         assert flag in joined
     env = server_env(cfg, tmp_path / "dump", base={})
     assert env["SGLANG_HS_DUMP_DIR"] == str(tmp_path / "dump") and env["SGLANG_HS_LAYERS"] == "3,31,59"
@@ -44,10 +57,15 @@ def test_server_argv_and_env(tmp_path):
     assert env["NCCL_IB_DISABLE"] == "1"  # the nvlink-node preset
 
 
-@pytest.mark.parametrize("override", ["server.args.cuda_graph_backend_prefill=full",
-                                      "server.args.cuda_graph_backend_decode=full",
-                                      "server.args.disable_radix_cache=false",
-                                      "server.extra_args=[--cuda-graph-backend-prefill,full]"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "server.args.cuda_graph_backend_prefill=full",
+        "server.args.cuda_graph_backend_decode=full",
+        "server.args.disable_radix_cache=false",
+        "server.extra_args=[--cuda-graph-backend-prefill,full]",
+    ],
+)
 def test_enforced_flags(override):
     cfg = compose(["backend=sglang", "output_dir=/o", override])
     with pytest.raises(ValueError, match="CUDA graphs skip the Python hook"):
@@ -61,11 +79,24 @@ def test_layer_zero_refused_for_sglang(tmp_path):
 
 
 def sg_cfg(tmp_path, *extra, chunk=64):
-    return compose([
-        "backend=sglang", f"output_dir={tmp_path / 'out'}", f"capture.dump_dir={tmp_path / 'shm'}",
-        f"server.command=[{FAKE[0]},{FAKE[1]}]", f"server.port={free_port()}", "server.ready_timeout_s=120",
-        f"server.args.chunked_prefill_size={chunk}", "client.concurrency=4", "client.backoff_s=0.05", "client.timeout_s=60",
-        "capture.dump_timeout_s=5", "log_every_s=1000", "data.limit=12", *extra])
+    return compose(
+        [
+            "backend=sglang",
+            f"output_dir={tmp_path / 'out'}",
+            f"capture.dump_dir={tmp_path / 'shm'}",
+            f"server.command=[{FAKE[0]},{FAKE[1]}]",
+            f"server.port={free_port()}",
+            "server.ready_timeout_s=120",
+            f"server.args.chunked_prefill_size={chunk}",
+            "client.concurrency=4",
+            "client.backoff_s=0.05",
+            "client.timeout_s=60",
+            "capture.dump_timeout_s=5",
+            "log_every_s=1000",
+            "data.limit=12",
+            *extra,
+        ]
+    )
 
 
 def reference(tiny_model_dir, ids):
@@ -86,8 +117,9 @@ def test_end_to_end_with_chunked_prefill(tmp_path, tiny_model_dir):
         got = r.get(rec["id"])
         # rows of a chunk come from a forward over the prompt prefix: equal to the full forward
         # (causal) up to kernel blocking; the final slot is compared at bf16 rounding
-        torch.testing.assert_close(got["hidden"].float(), reference(tiny_model_dir, got["input_ids"].numpy()).float(),
-                                   rtol=1.6e-2, atol=2e-2)
+        torch.testing.assert_close(
+            got["hidden"].float(), reference(tiny_model_dir, got["input_ids"].numpy()).float(), rtol=1.6e-2, atol=2e-2
+        )
     log = (tmp_path / "out" / "logs" / "server.log").read_text()
     assert "--cuda-graph-backend-prefill" in log and "--disable-radix-cache" in log
     assert not list((tmp_path / "shm").glob("run-*"))

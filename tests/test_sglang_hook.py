@@ -1,4 +1,5 @@
 """The in-server hook, fed SGLang 0.5.16 ForwardBatch-shaped inputs (same field names), on the CPU."""
+
 import enum
 from types import SimpleNamespace
 
@@ -24,9 +25,14 @@ H, LAYERS = 16, [1, 3, 5]
 def batch(mode, rids, ext, pre, orig=None, seed=0):
     T = sum(ext)
     g = torch.Generator().manual_seed(seed)
-    fb = SimpleNamespace(forward_mode=mode, rids=rids, extend_seq_lens_cpu=ext, extend_prefix_lens_cpu=pre,
-                         input_ids=torch.randint(0, 1000, (T,), generator=g),
-                         orig_seq_lens=torch.tensor(orig if orig else [p + e for p, e in zip(pre, ext)], dtype=torch.int32))
+    fb = SimpleNamespace(
+        forward_mode=mode,
+        rids=rids,
+        extend_seq_lens_cpu=ext,
+        extend_prefix_lens_cpu=pre,
+        input_ids=torch.randint(0, 1000, (T,), generator=g),
+        orig_seq_lens=torch.tensor(orig if orig else [p + e for p, e in zip(pre, ext)], dtype=torch.int32),
+    )
     final = torch.randn(T, H, generator=g).to(torch.bfloat16)
     aux = [torch.randn(T, H, generator=g).to(torch.bfloat16) for _ in LAYERS]
     return fb, final, aux
@@ -45,8 +51,8 @@ def dumped(tmp_path):
 
 
 def expect_rows(fb, final, aux, row0, n):
-    want = torch.stack([a[row0:row0 + n] for a in aux] + [final[row0:row0 + n]], dim=1)
-    return want.view(torch.int16).numpy().view(np.uint16), fb.input_ids[row0:row0 + n].numpy().astype(np.int32)
+    want = torch.stack([a[row0 : row0 + n] for a in aux] + [final[row0 : row0 + n]], dim=1)
+    return want.view(torch.int16).numpy().view(np.uint16), fb.input_ids[row0 : row0 + n].numpy().astype(np.int32)
 
 
 def test_three_requests_in_one_pass(tmp_path):
@@ -66,9 +72,11 @@ def test_three_requests_in_one_pass(tmp_path):
 
 def test_one_request_chunked_over_three_passes(tmp_path):
     hk = hook(tmp_path)
-    passes = [batch(ForwardMode.EXTEND, ["hsx-a"], [128], [0], [300], seed=1),
-              batch(ForwardMode.EXTEND, ["hsx-a"], [128], [128], [300], seed=2),
-              batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [44, 20], [256, 0], [300, 20], seed=3)]
+    passes = [
+        batch(ForwardMode.EXTEND, ["hsx-a"], [128], [0], [300], seed=1),
+        batch(ForwardMode.EXTEND, ["hsx-a"], [128], [128], [300], seed=2),
+        batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [44, 20], [256, 0], [300, 20], seed=3),
+    ]
     for p in passes:
         hk(*p)
     hk.flush()
@@ -76,8 +84,9 @@ def test_one_request_chunked_over_three_passes(tmp_path):
     assert sorted(got) == [("hsx-a", 0), ("hsx-a", 128), ("hsx-a", 256), ("hsx-b", 0)]
     assert [got[("hsx-a", o)][0]["last"] for o in (0, 128, 256)] == [False, False, True]
     whole = np.concatenate([got[("hsx-a", o)][2] for o in (0, 128, 256)])
-    want = np.concatenate([expect_rows(*passes[0], 0, 128)[0], expect_rows(*passes[1], 0, 128)[0],
-                           expect_rows(*passes[2], 0, 44)[0]])
+    want = np.concatenate(
+        [expect_rows(*passes[0], 0, 128)[0], expect_rows(*passes[1], 0, 128)[0], expect_rows(*passes[2], 0, 44)[0]]
+    )
     assert np.array_equal(whole, want)
     assert np.array_equal(got[("hsx-b", 0)][2], expect_rows(*passes[2], 44, 20)[0])
 
@@ -143,7 +152,7 @@ def test_final_only_capture(tmp_path):
     fb, final, _ = batch(ForwardMode.EXTEND, ["hsx-a"], [5], [0])
     hk(fb, final, None)
     hk.flush()
-    (h, _, hid), = dumped(tmp_path).values()
+    ((h, _, hid),) = dumped(tmp_path).values()
     assert hid.shape == (5, 1, H) and np.array_equal(hid[:, 0], final.view(torch.int16).numpy().view(np.uint16))
 
 
@@ -160,9 +169,12 @@ def test_padding_rows_are_ignored(tmp_path):
     """DP/graph padding can append rows past sum(extend_seq_lens)."""
     hk = hook(tmp_path)
     fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a"], [6], [0])
-    pad = lambda t: torch.cat([t, torch.zeros((2,) + tuple(t.shape[1:]), dtype=t.dtype)])
+
+    def pad(t):
+        return torch.cat([t, torch.zeros((2,) + tuple(t.shape[1:]), dtype=t.dtype)])
+
     fb.input_ids = pad(fb.input_ids)
     hk(fb, pad(final), [pad(a) for a in aux])
     hk.flush()
-    (h, ids, hid), = dumped(tmp_path).values()
+    ((h, ids, hid),) = dumped(tmp_path).values()
     assert hid.shape[0] == 6 and np.array_equal(hid, expect_rows(fb, final, aux, 0, 6)[0])

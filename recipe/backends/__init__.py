@@ -7,6 +7,7 @@
 writer into the dump directory, and tells the packer when each response arrived (`responded`) or
 failed (`fail`); leaving the block releases the model or stops the server.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol

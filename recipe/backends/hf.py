@@ -4,6 +4,7 @@ Layer convention (the same as the SGLang hook's): slot for layer i = the residua
 decoder layer i = HF `output_hidden_states[i]` (0 = embeddings); the final slot is
 `output_hidden_states[num_layers]`, which HF returns *after* the final norm.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,24 +30,42 @@ def batches(samples, max_tokens: int, max_size: int):
 
 
 class HFBackend:
-    def __init__(self, model_dir, layers: list[int], final: bool, device: str = "auto", dtype: str = "bfloat16",
-                 batch_tokens: int = 8192, batch_size: int = 16, attn_implementation: str | None = None):
+    def __init__(
+        self,
+        model_dir,
+        layers: list[int],
+        final: bool,
+        device: str = "auto",
+        dtype: str = "bfloat16",
+        batch_tokens: int = 8192,
+        batch_size: int = 16,
+        attn_implementation: str | None = None,
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **kw).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **kw).to(self.device).eval()
+        )
         self.num_layers = self.model.config.num_hidden_layers
         self.layers, self.final = list(layers), final
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
     @classmethod
     def from_config(cls, backend, capture, model, model_dir) -> "HFBackend":
-        return cls(model_dir, list(capture.layers), capture.final, device=backend.device, dtype=model.dtype,
-                   batch_tokens=backend.batch_tokens, batch_size=backend.batch_size,
-                   attn_implementation=backend.attn_implementation)
+        return cls(
+            model_dir,
+            list(capture.layers),
+            capture.final,
+            device=backend.device,
+            dtype=model.dtype,
+            batch_tokens=backend.batch_tokens,
+            batch_size=backend.batch_size,
+            attn_implementation=backend.attn_implementation,
+        )
 
     def __enter__(self) -> "HFBackend":
         return self
@@ -65,8 +84,13 @@ class HFBackend:
             ids[i, : lens[i]] = torch.as_tensor(np.asarray(x, dtype=np.int64))
             att[i, : lens[i]] = 1
         with torch.inference_mode():
-            out = self.model(input_ids=ids.to(self.device), attention_mask=att.to(self.device),
-                             output_hidden_states=True, use_cache=False, logits_to_keep=1)
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=att.to(self.device),
+                output_hidden_states=True,
+                use_cache=False,
+                logits_to_keep=1,
+            )
         hs = out.hidden_states
         if len(hs) != self.num_layers + 1:
             raise RuntimeError(f"model returned {len(hs)} hidden states for {self.num_layers} layers")
@@ -90,8 +114,14 @@ class HFBackend:
                 continue
             lens = [len(s.input_ids) for s in batch]
             # one pass, rows concatenated in request order: exactly how an SGLang EXTEND batch arrives
-            writer.write_pass(rids, [0] * len(batch), lens, np.concatenate([s.input_ids for s in batch]),
-                              self.torch.cat(rows), lasts=[True] * len(batch))
+            writer.write_pass(
+                rids,
+                [0] * len(batch),
+                lens,
+                np.concatenate([s.input_ids for s in batch]),
+                self.torch.cat(rows),
+                lasts=[True] * len(batch),
+            )
             for rid in rids:
                 packer.responded(rid)
 

@@ -3,6 +3,7 @@
 The server writes raw records into the dump dir through recipe.capture.sglang_hook; this process
 runs the client and the packer. Nothing here imports sglang: it only launches it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,11 @@ log = logging.getLogger(__name__)
 
 # Flags the dump depends on. Python in the forward pass does not run when a CUDA graph replays,
 # and a radix-cache hit leaves the cached prefix uncomputed.
-FORCED = {"cuda_graph_backend_prefill": "disabled", "cuda_graph_backend_decode": "disabled",
-          "disable_radix_cache": True}
+FORCED = {
+    "cuda_graph_backend_prefill": "disabled",
+    "cuda_graph_backend_decode": "disabled",
+    "disable_radix_cache": True,
+}
 
 
 class ServerError(RuntimeError):
@@ -61,9 +65,12 @@ def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
     forced_flags = {"--" + k.replace("_", "-") for k in FORCED} | {"--cuda-graph-config", "--enable-cuda-graph"}
     bad += [f"extra_args sets {a}" for a in extra if a.split("=")[0] in forced_flags]
     if bad and not allow_unsafe:
-        raise ValueError("server flags the hidden-state dump depends on were changed: " + "; ".join(bad) +
-                         ". CUDA graphs skip the Python hook (silent holes) and the radix cache skips cached "
-                         "tokens. Only the silent-failure test sets server.allow_unsafe_flags=true.")
+        raise ValueError(
+            "server flags the hidden-state dump depends on were changed: "
+            + "; ".join(bad)
+            + ". CUDA graphs skip the Python hook (silent holes) and the radix cache skips cached "
+            "tokens. Only the silent-failure test sets server.allow_unsafe_flags=true."
+        )
     if int(args.get("pp_size") or 1) > 1:
         raise ValueError("server.args.pp_size > 1 is not supported by the dump hook")
     if args.get("enable_dp_attention") and int(args.get("dp_size") or 1) > 1:
@@ -74,15 +81,32 @@ def server_argv(cfg, model_dir: Path) -> list[str]:
     args = OmegaConf.to_container(cfg.server.args, resolve=True)
     extra = list(cfg.server.extra_args)
     check_flags(args, extra, cfg.server.allow_unsafe_flags)
-    return [*cfg.server.command, "--model-path", str(model_dir), "--host", cfg.server.host,
-            "--port", str(cfg.server.port), *to_flags(args), *extra]
+    return [
+        *cfg.server.command,
+        "--model-path",
+        str(model_dir),
+        "--host",
+        cfg.server.host,
+        "--port",
+        str(cfg.server.port),
+        *to_flags(args),
+        *extra,
+    ]
 
 
 def server_env(cfg, dump_dir: Path, base=None) -> dict:
     env = dict(os.environ if base is None else base)
     env.update({k: str(v) for k, v in OmegaConf.to_container(cfg.nccl.env, resolve=True).items()})
-    env.update(sglang_hook.env_for(dump_dir, list(cfg.capture.layers), cfg.capture.final, cfg.capture.rid_prefix,
-                                   int(cfg.capture.budget_gb * (1 << 30)), cfg.capture.writer_queue))
+    env.update(
+        sglang_hook.env_for(
+            dump_dir,
+            list(cfg.capture.layers),
+            cfg.capture.final,
+            cfg.capture.rid_prefix,
+            int(cfg.capture.budget_gb * (1 << 30)),
+            cfg.capture.writer_queue,
+        )
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -107,7 +131,13 @@ class Server:
     kill -9 stops any worker that outlived it before starting its own."""
 
     def __init__(self, argv, env, log_path: Path, url: str, ready_timeout_s: float, pid_file: Path | None = None):
-        self.argv, self.env, self.log_path, self.url, self.ready_timeout_s = argv, env, Path(log_path), url, ready_timeout_s
+        self.argv, self.env, self.log_path, self.url, self.ready_timeout_s = (
+            argv,
+            env,
+            Path(log_path),
+            url,
+            ready_timeout_s,
+        )
         self.pid_file = pid_file
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -116,15 +146,23 @@ class Server:
         self.reap_leftover()
         host, port = urlsplit(self.url).hostname, urlsplit(self.url).port
         if port_in_use(host, port):
-            raise ServerError(f"{host}:{port} is already in use by a server this run did not start: stop it, pick "
-                              "another server.port=..., or set server.launch=false to use it on purpose")
+            raise ServerError(
+                f"{host}:{port} is already in use by a server this run did not start: stop it, pick "
+                "another server.port=..., or set server.launch=false to use it on purpose"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         logf = open(self.log_path, "ab")
         logf.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
         logf.flush()
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()),
+        )
         logf.close()
         if self.pid_file is not None:
             self.pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +195,9 @@ class Server:
         last = time.monotonic()
         while True:
             if self.proc is not None and not self.alive():  # proc None: a server started elsewhere
-                raise ServerError(f"server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}")
+                raise ServerError(
+                    f"server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     took = time.monotonic() - t0
@@ -216,8 +256,14 @@ class SGLangBackend:
         self.dump_dir = dump_dir
         self.url = f"http://{cfg.server.host}:{cfg.server.port}"
         run_dir = Path(run_dir or hydra_run_dir() or Path(cfg.output_dir) / "logs")
-        self.server = Server(server_argv(cfg, model_dir), server_env(cfg, dump_dir), run_dir / "server.log",
-                             self.url, cfg.server.ready_timeout_s, pid_file=Path(cfg.output_dir) / ".server.json")
+        self.server = Server(
+            server_argv(cfg, model_dir),
+            server_env(cfg, dump_dir),
+            run_dir / "server.log",
+            self.url,
+            cfg.server.ready_timeout_s,
+            pid_file=Path(cfg.output_dir) / ".server.json",
+        )
         self.budget = int(cfg.capture.budget_gb * (1 << 30))
         self.restarts = 0
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
@@ -276,8 +322,11 @@ class SGLangBackend:
                 ok = False
             misses = 0 if ok else misses + 1
             if misses >= s.health_misses:
-                log.error("server did not answer /health %d times in a row: killing it for a restart\n%s",
-                          misses, self.server.log_tail(20))
+                log.error(
+                    "server did not answer /health %d times in a row: killing it for a restart\n%s",
+                    misses,
+                    self.server.log_tail(20),
+                )
                 self.server.stop(grace_s=5)
                 misses = 0
 
@@ -294,8 +343,11 @@ class SGLangBackend:
         for attempt in range(c.retries + 1):
             rid = base if attempt == 0 else f"{base}-r{attempt}"
             packer.expect(rid, s)
-            payload = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
-                       "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}
+            payload = {
+                "input_ids": [int(x) for x in s.input_ids],
+                "rid": rid,
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            }
             try:
                 self.stats["requests"] += 1
                 r = await http.post(self.url + "/generate", json=payload)
@@ -322,7 +374,7 @@ class SGLangBackend:
                 self.stats["retries"] += 1
                 log.warning("request %s failed (%s); retrying", rid, reason)
                 await self._ensure_server()
-                await asyncio.sleep(c.backoff_s * 2 ** attempt)
+                await asyncio.sleep(c.backoff_s * 2**attempt)
 
     async def _ensure_server(self) -> None:
         """A dead server is restarted (up to server.max_restarts); past that the run stops."""
@@ -330,11 +382,18 @@ class SGLangBackend:
             if not self.cfg.server.launch or self.server.alive():
                 return
             if self.restarts >= self.cfg.server.max_restarts:
-                raise ServerError(f"server died {self.restarts + 1} times (server.max_restarts="
-                                  f"{self.cfg.server.max_restarts}):\n{self.server.log_tail()}")
+                raise ServerError(
+                    f"server died {self.restarts + 1} times (server.max_restarts="
+                    f"{self.cfg.server.max_restarts}):\n{self.server.log_tail()}"
+                )
             self.restarts += 1
-            log.error("server died (exit %s); restart %d/%d\n%s", self.server.proc.returncode, self.restarts,
-                      self.cfg.server.max_restarts, self.server.log_tail(20))
+            log.error(
+                "server died (exit %s); restart %d/%d\n%s",
+                self.server.proc.returncode,
+                self.restarts,
+                self.cfg.server.max_restarts,
+                self.server.log_tail(20),
+            )
             self.server.stop()
             self.server.start()
             await asyncio.to_thread(self.server.wait_ready)

@@ -6,6 +6,7 @@ it died, so a folder whose lock can be taken belongs to no live run and is remov
 is held is never touched. The folder is created under a temporary name with the lock already held,
 then renamed, so no other run ever sees it unlocked.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ One file per (request, forward pass): `{rid}.{offset:09d}.hsr`
 several pieces that the packer puts back in order. A failed capture leaves `{rid}.err` (JSON).
 Every file is written under a dot-name and renamed, so the packer never sees half a file.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,17 +42,29 @@ def write_atomic(dump_dir: Path, name: str, chunks: list) -> int:
     return sum(memoryview(c).nbytes for c in chunks)
 
 
-def write_record(dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, hidden: np.ndarray,
-                 last: bool | None) -> int:
+def write_record(
+    dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, hidden: np.ndarray, last: bool | None
+) -> int:
     """hidden: [n, slots, H] as 16-bit words (bf16 bits). Returns bytes written."""
     input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
     hidden = np.ascontiguousarray(hidden)
     if hidden.ndim != 3 or hidden.shape[0] != input_ids.shape[0] or hidden.itemsize != 2:
         raise ValueError(f"record {rid}@{offset}: hidden {hidden.shape}/{hidden.dtype} vs ids {input_ids.shape}")
-    header = json.dumps({"rid": rid, "offset": offset, "n": int(input_ids.shape[0]), "last": last,
-                         "slots": int(hidden.shape[1]), "hidden": int(hidden.shape[2])}).encode()
-    return write_atomic(Path(dump_dir), record_name(rid, offset),
-                        [MAGIC, struct.pack("<I", len(header)), header, memoryview(input_ids), memoryview(hidden)])
+    header = json.dumps(
+        {
+            "rid": rid,
+            "offset": offset,
+            "n": int(input_ids.shape[0]),
+            "last": last,
+            "slots": int(hidden.shape[1]),
+            "hidden": int(hidden.shape[2]),
+        }
+    ).encode()
+    return write_atomic(
+        Path(dump_dir),
+        record_name(rid, offset),
+        [MAGIC, struct.pack("<I", len(header)), header, memoryview(input_ids), memoryview(hidden)],
+    )
 
 
 def write_error(dump_dir: Path, rid: str, reason: str) -> None:
@@ -63,7 +76,7 @@ def _header(buf: bytes, path) -> tuple[dict, int]:
     if buf[:4] != MAGIC:
         raise ValueError(f"{path}: not a capture record")
     (hlen,) = struct.unpack_from("<I", buf, 4)
-    return json.loads(buf[8:8 + hlen]), 8 + hlen
+    return json.loads(buf[8 : 8 + hlen]), 8 + hlen
 
 
 def read_header(path: Path) -> dict:

@@ -12,6 +12,7 @@ host memory on a side stream, and hand it to a writer thread through a bounded q
 stream never waits for the disk; the forward pass only blocks when the queue is full, i.e. when the
 writer is held back by the dump budget (the packer is behind).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,8 +36,14 @@ ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but writ
 
 def env_for(dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4) -> dict:
     """The server's environment that switches the dump on (the recipe's side of the contract)."""
-    return {ENV_DIR: str(dump_dir), ENV_LAYERS: ",".join(str(int(i)) for i in layers), ENV_FINAL: "1" if final else "0",
-            ENV_PREFIX: rid_prefix, ENV_BUDGET: str(int(budget_bytes)), ENV_QUEUE: str(int(queue_size))}
+    return {
+        ENV_DIR: str(dump_dir),
+        ENV_LAYERS: ",".join(str(int(i)) for i in layers),
+        ENV_FINAL: "1" if final else "0",
+        ENV_PREFIX: rid_prefix,
+        ENV_BUDGET: str(int(budget_bytes)),
+        ENV_QUEUE: str(int(queue_size)),
+    }
 
 
 def install(model, env=os.environ):
@@ -56,9 +63,15 @@ def install(model, env=os.environ):
             raise ValueError(f"{ENV_LAYERS}={layers}: need ascending ids >= 1 (SGLang cannot capture layer 0)")
         model.capture_aux_hidden_states = True
         model.model.layers_to_capture = list(layers)
-    hook = DumpHook(env[ENV_DIR], layers, env.get(ENV_FINAL, "1") == "1", env.get(ENV_PREFIX, "hsx-"),
-                    int(env.get(ENV_BUDGET, str(8 << 30))), int(env.get(ENV_QUEUE, "4")),
-                    write=env.get(ENV_NO_WRITE, "0") != "1")
+    hook = DumpHook(
+        env[ENV_DIR],
+        layers,
+        env.get(ENV_FINAL, "1") == "1",
+        env.get(ENV_PREFIX, "hsx-"),
+        int(env.get(ENV_BUDGET, str(8 << 30))),
+        int(env.get(ENV_QUEUE, "4")),
+        write=env.get(ENV_NO_WRITE, "0") != "1",
+    )
     log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
     return hook
 
@@ -71,8 +84,17 @@ def sglang_writer_rank() -> bool:
 
 
 class DumpHook:
-    def __init__(self, dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4,
-                 is_writer=sglang_writer_rank, write: bool = True):
+    def __init__(
+        self,
+        dump_dir,
+        layers,
+        final: bool,
+        rid_prefix: str,
+        budget_bytes: int,
+        queue_size: int = 4,
+        is_writer=sglang_writer_rank,
+        write: bool = True,
+    ):
         self.layers, self.final, self.prefix, self.write = list(layers), final, rid_prefix, write
         self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix)
         self._is_writer = is_writer

@@ -4,6 +4,7 @@ Both backends go through `write_pass`: the HF backend in-process, the SGLang hoo
 thread inside the server. A pass is described the way SGLang describes it: the requests' rids in
 row order, each one's prefix length (where this piece starts in the prompt) and extend length.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,16 +61,24 @@ class CaptureWriter:
         Only rids carrying the recipe's prefix are written. Returns bytes written."""
         ids, hid = as_i32(input_ids), as_u16(hidden)
         if sum(extend_lens) > ids.shape[0] or hid.shape[0] != ids.shape[0]:
-            raise ValueError(f"pass has {ids.shape[0]} ids / {hid.shape[0]} rows for extend lengths {list(extend_lens)}")
+            raise ValueError(
+                f"pass has {ids.shape[0]} ids / {hid.shape[0]} rows for extend lengths {list(extend_lens)}"
+            )
         starts = np.concatenate([[0], np.cumsum(extend_lens)]).astype(int)
         ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
         # one look at the directory per pass: the writer thread must not rescan it for every request
-        self.wait_for_budget(sum(hid[starts[i]:starts[i + 1]].nbytes for i in ours))
+        self.wait_for_budget(sum(hid[starts[i] : starts[i + 1]].nbytes for i in ours))
         written = 0
         for i in ours:
             a, b = starts[i], starts[i + 1]
-            written += records.write_record(self.dump_dir, rids[i], int(prefix_lens[i]), ids[a:b], hid[a:b],
-                                            None if lasts is None else bool(lasts[i]))
+            written += records.write_record(
+                self.dump_dir,
+                rids[i],
+                int(prefix_lens[i]),
+                ids[a:b],
+                hid[a:b],
+                None if lasts is None else bool(lasts[i]),
+            )
         return written
 
     def write_error(self, rid: str, reason: str) -> None:

@@ -1,20 +1,20 @@
 """python -m recipe.shards {inspect,verify,export,merge} ...
 
-  inspect DIR                       summary: counts, sizes, ratio, provenance
-  verify DIR                        every checksum, frame and count; exit 1 on any problem
-  export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT]
-  merge OUT IN [IN ...]             one index + manifest over several shard sets
-  rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
+inspect DIR                       summary: counts, sizes, ratio, provenance
+verify DIR                        every checksum, frame and count; exit 1 on any problem
+export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT]
+merge OUT IN [IN ...]             one index + manifest over several shard sets
+rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
 import collections
 import json
 import sys
-from pathlib import Path
-
 import zlib
+from pathlib import Path
 
 import numpy as np
 import zstandard
@@ -28,12 +28,23 @@ def inspect(root: Path) -> dict:
     r = ShardReader(root)
     m = r.manifest
     t = m["totals"]
-    info = {"dir": str(root), "format": m["format"], "model": m["model"]["name"], "capture": m["capture"]["slots"],
-            "convention": m["capture"]["convention"], "samples": len(r), "tokens": t["tokens"],
-            "stored_gb": round(t["stored_bytes"] / 1e9, 4), "raw_gb": round(t["raw_bytes"] / 1e9, 4),
-            "ratio": round(t["raw_bytes"] / t["stored_bytes"], 4) if t["stored_bytes"] else None,
-            "shards": len(m["shards"]), "counts": m.get("counts"), "codec": m.get("codec"),
-            "versions": m.get("versions"), "patch": (m.get("backend") or {}).get("patch")}
+    info = {
+        "dir": str(root),
+        "format": m["format"],
+        "model": m["model"]["name"],
+        "capture": m["capture"]["slots"],
+        "convention": m["capture"]["convention"],
+        "samples": len(r),
+        "tokens": t["tokens"],
+        "stored_gb": round(t["stored_bytes"] / 1e9, 4),
+        "raw_gb": round(t["raw_bytes"] / 1e9, 4),
+        "ratio": round(t["raw_bytes"] / t["stored_bytes"], 4) if t["stored_bytes"] else None,
+        "shards": len(m["shards"]),
+        "counts": m.get("counts"),
+        "codec": m.get("codec"),
+        "versions": m.get("versions"),
+        "patch": (m.get("backend") or {}).get("patch"),
+    }
     return info
 
 
@@ -72,7 +83,9 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
         if meta.get("id") != rec["id"]:
             problems.append(f"{where}: frame holds sample {meta.get('id')}")
         elif h is None or h.shape != (rec["tokens"], slots, hidden):
-            problems.append(f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}")
+            problems.append(
+                f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}"
+            )
         elif arrs["input_ids"].shape[0] != rec["tokens"] or arrs["loss_mask"].shape[0] != rec["tokens"]:
             problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
     merged = bool((m.get("counts") or {}).get("merged"))
@@ -84,8 +97,10 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
             problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
     t = m["totals"]
     if t["samples"] != len(r.records) or t["tokens"] != sum(x["tokens"] for x in r.records):
-        problems.append(f"manifest totals {t['samples']} samples/{t['tokens']} tokens disagree with the index "
-                        f"({len(r.records)}/{sum(x['tokens'] for x in r.records)})")
+        problems.append(
+            f"manifest totals {t['samples']} samples/{t['tokens']} tokens disagree with the index "
+            f"({len(r.records)}/{sum(x['tokens'] for x in r.records)})"
+        )
     c = m.get("counts")
     if c and not c.get("merged"):
         accounted = c["ok"] + sum(c["skipped"].values()) + sum(c["failed"].values()) + c.get("not_done", 0)
@@ -93,8 +108,11 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
             problems.append(f"accounting: ok+skipped+failed+not_done = {accounted} != input {c['input']}")
         if c["ok"] > len(r.records):
             problems.append(f"manifest counts {c['ok']} ok samples but the index holds {len(r.records)}")
-    print(f"verified {len(r.records)} samples in {len(ends)} shards: "
-          + ("OK" if not problems else f"{len(problems)} problem(s)"), file=out)
+    print(
+        f"verified {len(r.records)} samples in {len(ends)} shards: "
+        + ("OK" if not problems else f"{len(problems)} problem(s)"),
+        file=out,
+    )
     return problems
 
 
@@ -133,25 +151,39 @@ def rebuild_index(root: Path) -> list[dict]:
         for offset, frame in scan_shard(shard):
             meta, arrs = decode(frame)
             ids, mask, hid = arrs["input_ids"], arrs["loss_mask"], arrs["hidden"]
-            out.append({"id": meta["id"], "key": meta["key"], "shard": shard.name, "offset": offset,
-                        "length": len(frame), "tokens": int(ids.shape[0]),
-                        "raw_bytes": int(ids.nbytes + hid.nbytes + mask.nbytes), "crc32": zlib.crc32(frame),
-                        "loss_tokens": int(np.asarray(mask).sum()), "source": meta.get("source")})
+            out.append(
+                {
+                    "id": meta["id"],
+                    "key": meta["key"],
+                    "shard": shard.name,
+                    "offset": offset,
+                    "length": len(frame),
+                    "tokens": int(ids.shape[0]),
+                    "raw_bytes": int(ids.nbytes + hid.nbytes + mask.nbytes),
+                    "crc32": zlib.crc32(frame),
+                    "loss_tokens": int(np.asarray(mask).sum()),
+                    "source": meta.get("source"),
+                }
+            )
     return out
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.shards", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m recipe.shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("inspect").add_argument("dir", type=Path)
     sub.add_parser("verify").add_argument("dir", type=Path)
     e = sub.add_parser("export")
     e.add_argument("--to", required=True, choices=["specforge", "speculators"])
-    e.add_argument("--final-norm", choices=["pre-norm-equivalent", "refuse", "keep-post-norm"],
-                   default="pre-norm-equivalent",
-                   help="speculators: its trainer applies the verifier norm to the last slot, so it must be "
-                        "pre-norm; ours is post-norm and is stored as post/w (w = the final-norm weight)")
+    e.add_argument(
+        "--final-norm",
+        choices=["pre-norm-equivalent", "refuse", "keep-post-norm"],
+        default="pre-norm-equivalent",
+        help="speculators: its trainer applies the verifier norm to the last slot, so it must be "
+        "pre-norm; ours is post-norm and is stored as post/w (w = the final-norm weight)",
+    )
     e.add_argument("--model-dir", type=Path, help="the target checkpoint (default: the manifest's model.path)")
     e.add_argument("--gzip", action="store_true", help="specforge: data_i.ckpt.gz (its loader reads both)")
     e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
@@ -174,13 +206,22 @@ def main(argv=None) -> int:
         from .export import ExportError, export
 
         try:
-            info = export(a.to, a.dir, a.out, final_norm=a.final_norm, model_dir=a.model_dir, compress=a.gzip,
-                          overwrite=a.overwrite)
+            info = export(
+                a.to,
+                a.dir,
+                a.out,
+                final_norm=a.final_norm,
+                model_dir=a.model_dir,
+                compress=a.gzip,
+                overwrite=a.overwrite,
+            )
         except ExportError as e:
             print(f"export refused: {e}", file=sys.stderr)
             return 2
-        print(f"exported {info['samples_total']} samples to {a.out} ({a.to}); samples.jsonl maps each file "
-              "to its sample id")
+        print(
+            f"exported {info['samples_total']} samples to {a.out} ({a.to}); samples.jsonl maps each file "
+            "to its sample id"
+        )
         print("draft config values these files need (also in export_info.json):")
         print(json.dumps(info["draft_config"], indent=2))
         return 0

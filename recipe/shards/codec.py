@@ -5,6 +5,7 @@ so a shard can be read (and repaired) without its index, and one sample is read 
 any other. 16-bit tensors may be stored as byte planes (all high bytes, then all low bytes): the
 high byte of a bf16 holds the sign and most of the exponent and compresses far better on its own.
 """
+
 from __future__ import annotations
 
 import io
@@ -19,8 +20,14 @@ import zstandard as zstd
 FORMAT_VERSION = 1
 TRANSFORMS = ("none", "byteplane")
 # numpy has no bfloat16: bf16 travels as its raw 16 bits and is viewed back in the reader.
-DTYPES = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32,
-          "int32": np.int32, "int64": np.int64, "uint8": np.uint8}
+DTYPES = {
+    "bfloat16": np.uint16,
+    "float16": np.float16,
+    "float32": np.float32,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+}
 
 
 class CorruptRecord(ValueError):
@@ -61,8 +68,9 @@ def from_planes(raw: memoryview | bytes, n_items: int) -> np.ndarray:
 # match it takes is a literal not Huffman-coded. The fast strategy with a 64-entry table and 7-byte
 # matches leaves almost everything to the entropy coder: 2.3x faster than level 1 and a better ratio
 # (docs/benchmarks.md, bench/codec.py). The frames are ordinary zstd: decoding is unchanged.
-ENTROPY_ONLY = dict(strategy=zstd.STRATEGY_FAST, window_log=17, hash_log=6, chain_log=6, search_log=1,
-                    min_match=7, target_length=0)
+ENTROPY_ONLY = dict(
+    strategy=zstd.STRATEGY_FAST, window_log=17, hash_log=6, chain_log=6, search_log=1, min_match=7, target_length=0
+)
 
 
 @dataclass
@@ -105,8 +113,16 @@ class Codec:
                 data = list(split_planes(arr)) if transform == "byteplane" else [arr.reshape(-1).view(np.uint8)]
                 shape = list(arr.shape)
             nbytes = sum(d.nbytes for d in data)
-            specs.append({"name": name, "dtype": dtype, "shape": shape, "offset": off,
-                          "nbytes": int(nbytes), "transform": transform})
+            specs.append(
+                {
+                    "name": name,
+                    "dtype": dtype,
+                    "shape": shape,
+                    "offset": off,
+                    "nbytes": int(nbytes),
+                    "transform": transform,
+                }
+            )
             parts += data
             off += nbytes
         header = json.dumps({"v": FORMAT_VERSION, "meta": meta, "tensors": specs}, separators=(",", ":")).encode()
@@ -124,12 +140,12 @@ def decode(frame: bytes, crc32: int | None = None) -> tuple[dict, dict[str, np.n
     try:
         body = memoryview(zstd.ZstdDecompressor().decompress(frame))
         (hlen,) = struct.unpack_from("<I", body, 0)
-        header = json.loads(bytes(body[4:4 + hlen]))
+        header = json.loads(bytes(body[4 : 4 + hlen]))
     except (zstd.ZstdError, struct.error, ValueError) as e:
         raise CorruptRecord(f"cannot decode sample frame: {e}") from e
     base, out = 4 + hlen, {}
     for t in header["tensors"]:
-        raw = body[base + t["offset"]: base + t["offset"] + t["nbytes"]]
+        raw = body[base + t["offset"] : base + t["offset"] + t["nbytes"]]
         dt = np.dtype(DTYPES[t["dtype"]])
         n = int(np.prod(t["shape"], dtype=np.int64))
         if t["transform"] == "byteplane":

@@ -18,6 +18,7 @@ speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset +
   x = post / w has RMS 1 (post = w * h / rms(h)), hence norm(x) = w * x / rms(x) = post, up to eps
   and one bf16 rounding. It needs only the checkpoint's final-norm weight, no re-extraction.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -40,13 +41,17 @@ class ExportError(ValueError):
 
 # --- per-sample items (the exporters and the direct datasets build exactly these) -------------
 
+
 def specforge_raw(x: dict, n_aux: int) -> dict:
     """One SpecForge feature record, as its offline writer persists it."""
     h = x["hidden"]  # [L, K+1, H] bf16
     L, _, H = h.shape
-    return {"input_ids": x["input_ids"].long(), "loss_mask": x["loss_mask"].long(),
-            "hidden_state": h[:, n_aux][None].clone(),
-            "aux_hidden_state": h[:, :n_aux].reshape(L, n_aux * H)[None].clone()}
+    return {
+        "input_ids": x["input_ids"].long(),
+        "loss_mask": x["loss_mask"].long(),
+        "hidden_state": h[:, n_aux][None].clone(),
+        "aux_hidden_state": h[:, :n_aux].reshape(L, n_aux * H)[None].clone(),
+    }
 
 
 def speculators_raw(x: dict, n_aux: int, final: str, norm_weight=None) -> dict:
@@ -58,7 +63,7 @@ def speculators_raw(x: dict, n_aux: int, final: str, norm_weight=None) -> dict:
     if final == "pre-norm-equivalent":
         slots.append(pre_norm_equivalent(h[:, n_aux], norm_weight)[:, None])
     elif final == "keep-post-norm":
-        slots.append(h[:, n_aux:n_aux + 1])
+        slots.append(h[:, n_aux : n_aux + 1])
     return {"token_ids": x["input_ids"].long(), "hidden_states": torch.cat(slots, 1).contiguous()}
 
 
@@ -96,8 +101,10 @@ def final_norm_weight(model_dir: str | Path):
 def model_dir_of(reader: ShardReader, model_dir=None) -> Path:
     path = Path(model_dir or reader.manifest["model"]["path"])
     if not (path / "config.json").exists():
-        raise ExportError(f"the target checkpoint {path} is not here: pass --model-dir (its final-norm weight "
-                          "makes the pre-norm state speculators trains toward)")
+        raise ExportError(
+            f"the target checkpoint {path} is not here: pass --model-dir (its final-norm weight "
+            "makes the pre-norm state speculators trains toward)"
+        )
     return path
 
 
@@ -105,21 +112,40 @@ def draft_config(reader: ShardReader, fmt: str) -> dict:
     """The values a draft config must match for this data, in the trainer's own convention."""
     m = reader.manifest
     layers = list(m["capture"]["layers"])
-    base = {"target_model": m["model"]["name"], "target_model_path": m["model"]["path"],
-            "hidden_size": m["model"]["hidden_size"], "target_num_hidden_layers": m["model"]["num_layers"],
-            "our_layers_residual_in": layers}
+    base = {
+        "target_model": m["model"]["name"],
+        "target_model_path": m["model"]["path"],
+        "hidden_size": m["model"]["hidden_size"],
+        "target_num_hidden_layers": m["model"]["num_layers"],
+        "our_layers_residual_in": layers,
+    }
     if fmt == "specforge":
-        return {**base, "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
-                "convention": "SpecForge counts 'output of layer k' (k = our i - 1)"}
-    return {**base, "target_layer_ids": layers,
-            "train_args": "--target-layer-ids " + " ".join(map(str, layers)),
-            "convention": "speculators/vLLM count 'input to layer k' (= ours)"}
+        return {
+            **base,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers],
+            "convention": "SpecForge counts 'output of layer k' (k = our i - 1)",
+        }
+    return {
+        **base,
+        "target_layer_ids": layers,
+        "train_args": "--target-layer-ids " + " ".join(map(str, layers)),
+        "convention": "speculators/vLLM count 'input to layer k' (= ours)",
+    }
 
 
 # --- the export command ------------------------------------------------------------------------
 
-def export(fmt: str, src, out, final_norm: str = "pre-norm-equivalent", model_dir=None,
-           compress: bool = False, overwrite: bool = False, log=sys.stderr) -> dict:
+
+def export(
+    fmt: str,
+    src,
+    out,
+    final_norm: str = "pre-norm-equivalent",
+    model_dir=None,
+    compress: bool = False,
+    overwrite: bool = False,
+    log=sys.stderr,
+) -> dict:
     """Write `src`'s samples in trainer `fmt` to `out`, atomically: the files are built in a
     sibling staging folder and moved into place at the end, so a refused or failed export leaves
     nothing and a finished one is complete. Returns export_info."""
@@ -132,22 +158,32 @@ def export(fmt: str, src, out, final_norm: str = "pre-norm-equivalent", model_di
     if final_norm not in FINAL_NORM_MODES:
         raise ExportError(f"--final-norm {final_norm!r}: one of {', '.join(FINAL_NORM_MODES)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty: a trainer would read stale files there. "
-                          "Pass --overwrite to replace it, or choose another folder")
+        raise ExportError(
+            f"{out} exists and is not empty: a trainer would read stale files there. "
+            "Pass --overwrite to replace it, or choose another folder"
+        )
     if not has_final:
-        raise ExportError(f"{fmt} trains toward the final hidden state: these shards were captured with "
-                          "capture.final=false")
+        raise ExportError(
+            f"{fmt} trains toward the final hidden state: these shards were captured with capture.final=false"
+        )
     norm_w = None
     if fmt == "speculators":
         if final_norm == "refuse":
-            raise ExportError("speculators applies the verifier's final norm to its last slot, which must be "
-                              "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
-                              "(the default: exact up to bf16 rounding)")
+            raise ExportError(
+                "speculators applies the verifier's final norm to its last slot, which must be "
+                "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
+                "(the default: exact up to bf16 rounding)"
+            )
         if final_norm == "pre-norm-equivalent":
             norm_w = final_norm_weight(model_dir_of(r, model_dir))
-    info = {"format": fmt, "source": str(Path(src).resolve()), "samples_total": len(r),
-            "our_convention": cap["convention"], "draft_config": draft_config(r, fmt),
-            "model_fingerprint": r.manifest.get("model_fingerprint")}
+    info = {
+        "format": fmt,
+        "source": str(Path(src).resolve()),
+        "samples_total": len(r),
+        "our_convention": cap["convention"],
+        "draft_config": draft_config(r, fmt),
+        "model_fingerprint": r.manifest.get("model_fingerprint"),
+    }
     stage = out.parent / f".{out.name}.export-partial"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
@@ -156,7 +192,8 @@ def export(fmt: str, src, out, final_norm: str = "pre-norm-equivalent", model_di
         if fmt == "speculators":
             _write_arrow(columns, stage)
             info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in cap["layers"]] + (
-                ["final_pre_norm_equivalent"] if final_norm == "pre-norm-equivalent" else ["final_post_norm"])
+                ["final_pre_norm_equivalent"] if final_norm == "pre-norm-equivalent" else ["final_post_norm"]
+            )
         _write_text(stage / "samples.jsonl", "".join(json.dumps(x) + "\n" for x in rows))
         _write_text(stage / "export_info.json", json.dumps(info, indent=2) + "\n")
         if out.exists():
@@ -202,8 +239,11 @@ def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):
             columns["seq_len"].append(rows[-1]["tokens"])
         if time.monotonic() - last > 5 or i + 1 == len(r):
             last, dt = time.monotonic(), max(time.monotonic() - t0, 1e-9)
-            print(f"export {fmt}: {i + 1}/{len(r)} samples, {nbytes / 1e6:.0f} MB written, "
-                  f"{nbytes / 1e6 / dt:.0f} MB/s", file=log, flush=True)
+            print(
+                f"export {fmt}: {i + 1}/{len(r)} samples, {nbytes / 1e6:.0f} MB written, {nbytes / 1e6 / dt:.0f} MB/s",
+                file=log,
+                flush=True,
+            )
     return rows, columns
 
 

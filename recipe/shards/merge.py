@@ -5,6 +5,7 @@ index is rewritten to point at them. Sets must agree on what a sample is: format
 fingerprint, capture spec, tokenizer and chat template, max_length and overflow (their data split
 may differ). A sample id present in several sets is kept once and reported: ids are unique in OUT.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,17 @@ import os
 import shutil
 from pathlib import Path
 
-from .store import (IDENTITY, INDEX, MANIFEST, SHARD_DIR, atomic_write, identity_diff, read_index, read_manifest,
-                    summarize)
+from .store import (
+    IDENTITY,
+    INDEX,
+    MANIFEST,
+    SHARD_DIR,
+    atomic_write,
+    identity_diff,
+    read_index,
+    read_manifest,
+    summarize,
+)
 
 
 def sample_identity(d: Path, manifest: dict) -> dict:
@@ -21,9 +31,14 @@ def sample_identity(d: Path, manifest: dict) -> dict:
     p = Path(d) / IDENTITY
     ident = json.loads(p.read_text()) if p.exists() else manifest
     data = ident.get("data") or {}
-    return {"format": ident.get("format"), "model_fingerprint": ident.get("model_fingerprint"),
-            "capture": ident.get("capture"), "tokenizer": ident.get("tokenizer"),
-            "max_length": data.get("max_length"), "overflow": data.get("overflow")}
+    return {
+        "format": ident.get("format"),
+        "model_fingerprint": ident.get("model_fingerprint"),
+        "capture": ident.get("capture"),
+        "tokenizer": ident.get("tokenizer"),
+        "max_length": data.get("max_length"),
+        "overflow": data.get("overflow"),
+    }
 
 
 class MergeError(ValueError):
@@ -45,8 +60,9 @@ def merge(out, inputs) -> dict:
     for d, m in zip(inputs[1:], manifests[1:]):
         diff = identity_diff(want, sample_identity(d, m))
         if diff:
-            raise MergeError(f"{d} and {inputs[0]} hold different samples (on disk = the first set):\n  "
-                             + "\n  ".join(diff))
+            raise MergeError(
+                f"{d} and {inputs[0]} hold different samples (on disk = the first set):\n  " + "\n  ".join(diff)
+            )
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     records, seen, duplicates = [], set(), []
     for k, d in enumerate(inputs):
@@ -64,7 +80,14 @@ def merge(out, inputs) -> dict:
             seen.add(r["id"])
             records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
     atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
-    counts = {"merged": True, "input": 0, "ok": len(records), "skipped": {}, "failed": {}, "duplicates": len(duplicates)}
+    counts = {
+        "merged": True,
+        "input": 0,
+        "ok": len(records),
+        "skipped": {},
+        "failed": {},
+        "duplicates": len(duplicates),
+    }
     for m in manifests:
         c = m.get("counts") or {}
         counts["input"] += c.get("input", 0)
@@ -75,13 +98,26 @@ def merge(out, inputs) -> dict:
     ident = Path(inputs[0]) / IDENTITY
     if ident.exists():  # the merged set's identity: the first set's, without its job split
         merged_identity = json.loads(ident.read_text())
-        merged_identity["data"] = {**merged_identity.get("data", {}), "sources": "merged", "shard_index": None,
-                                   "num_shards": None}
+        merged_identity["data"] = {
+            **merged_identity.get("data", {}),
+            "sources": "merged",
+            "shard_index": None,
+            "num_shards": None,
+        }
         atomic_write(out / IDENTITY, (json.dumps(merged_identity, indent=2) + "\n").encode())
-    manifest.update({
-        "versions": first.get("versions"), "backend": first.get("backend"), "codec": first.get("codec"),
-        "merged_from": [{"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
-                        for d, m in zip(inputs, manifests)],
-        "counts": counts, "duplicates": duplicates[:100], **summarize(records)})
+    manifest.update(
+        {
+            "versions": first.get("versions"),
+            "backend": first.get("backend"),
+            "codec": first.get("codec"),
+            "merged_from": [
+                {"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
+                for d, m in zip(inputs, manifests)
+            ],
+            "counts": counts,
+            "duplicates": duplicates[:100],
+            **summarize(records),
+        }
+    )
     atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}

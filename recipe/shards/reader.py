@@ -3,6 +3,7 @@
 File handles are opened lazily per process, so a DataLoader with num_workers > 0 (fork or spawn)
 gets its own handles in every worker.
 """
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@ Crash-safety order (what makes resume exact):
 manifest.json and identity.json are only ever replaced whole (temp file, fsync, rename). Shard names
 are never reused: a new shard is numbered past every name on disk and in the index.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -101,10 +102,15 @@ def summarize(records: list[dict]) -> dict:
         s = shards.setdefault(r["shard"], {"samples": 0, "bytes": 0})
         s["samples"] += 1
         s["bytes"] = max(s["bytes"], r["offset"] + r["length"])
-    return {"totals": {"samples": len(records), "tokens": sum(r["tokens"] for r in records),
-                       "raw_bytes": sum(r["raw_bytes"] for r in records),
-                       "stored_bytes": sum(r["length"] for r in records)},
-            "shards": shards}
+    return {
+        "totals": {
+            "samples": len(records),
+            "tokens": sum(r["tokens"] for r in records),
+            "raw_bytes": sum(r["raw_bytes"] for r in records),
+            "stored_bytes": sum(r["length"] for r in records),
+        },
+        "shards": shards,
+    }
 
 
 def read_manifest(root: Path) -> dict | None:
@@ -115,8 +121,9 @@ def read_manifest(root: Path) -> dict | None:
 class ShardStore:
     """Single writer of one output directory (an flock enforces it)."""
 
-    def __init__(self, root: str | Path, identity: dict, provenance: dict | None = None,
-                 max_shard_bytes: int = 4 << 30):
+    def __init__(
+        self, root: str | Path, identity: dict, provenance: dict | None = None, max_shard_bytes: int = 4 << 30
+    ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / SHARD_DIR).mkdir(exist_ok=True)
@@ -149,8 +156,10 @@ class ShardStore:
         else:  # a set from before identity.json: its manifest holds the keys that mattered then
             manifest = read_manifest(self.root)
             if manifest is None and read_index(self.root):
-                raise ProvenanceMismatch(f"{self.root} holds samples but neither identity.json nor manifest.json: "
-                                         "its configuration is unknown; use another output_dir")
+                raise ProvenanceMismatch(
+                    f"{self.root} holds samples but neither identity.json nor manifest.json: "
+                    "its configuration is unknown; use another output_dir"
+                )
             old = {k: manifest.get(k) for k in PROVENANCE_KEYS} if manifest else None
             identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
             if old is not None and old != identity_to_check:
@@ -162,9 +171,12 @@ class ShardStore:
             raise ProvenanceMismatch(self._mismatch(diff))
 
     def _mismatch(self, diff: list[str]) -> str:
-        return (f"{self.root} holds shards made with another configuration; resuming would mix them:\n  "
-                + "\n  ".join(diff) + f"\nResume with the configuration on disk ({self.root / IDENTITY}), "
-                "or write to another output_dir=...")
+        return (
+            f"{self.root} holds shards made with another configuration; resuming would mix them:\n  "
+            + "\n  ".join(diff)
+            + f"\nResume with the configuration on disk ({self.root / IDENTITY}), "
+            "or write to another output_dir=..."
+        )
 
     def _repair_shards(self) -> None:
         """Cut uncommitted tails; drop indexed samples whose bytes are gone (they are redone)."""
@@ -174,8 +186,9 @@ class ShardStore:
         self.lost = [r["id"] for r in self.records if r not in kept]
         if self.lost:
             self.records = kept
-            atomic_write(self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n"
-                                                     for r in kept))
+            atomic_write(
+                self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in kept)
+            )
         ends: dict[str, int] = {}
         for r in self.records:
             ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
@@ -226,16 +239,46 @@ class ShardStore:
             self._shard_size = 0
         self._check_new(sample_id, key)
         self._shard.write(frame)
-        self.add(sample_id, key, self._shard_path.name, self._shard_size, len(frame), zlib.crc32(frame),
-                 tokens, raw_bytes, **extra)
+        self.add(
+            sample_id,
+            key,
+            self._shard_path.name,
+            self._shard_size,
+            len(frame),
+            zlib.crc32(frame),
+            tokens,
+            raw_bytes,
+            **extra,
+        )
         self._shard_size += len(frame)
 
-    def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
-            raw_bytes: int, **extra) -> None:
+    def add(
+        self,
+        sample_id: str,
+        key: str,
+        shard: str,
+        offset: int,
+        length: int,
+        crc32: int,
+        tokens: int,
+        raw_bytes: int,
+        **extra,
+    ) -> None:
         """Record a frame already written to `shard` (by a packer worker that owns that file)."""
         self._check_new(sample_id, key)
-        self._pending.append({"id": sample_id, "key": key, "shard": shard, "offset": offset, "length": length,
-                              "tokens": tokens, "raw_bytes": raw_bytes, "crc32": crc32, **extra})
+        self._pending.append(
+            {
+                "id": sample_id,
+                "key": key,
+                "shard": shard,
+                "offset": offset,
+                "length": length,
+                "tokens": tokens,
+                "raw_bytes": raw_bytes,
+                "crc32": crc32,
+                **extra,
+            }
+        )
         self.keys.add(key)
         self.ids.add(sample_id)
 

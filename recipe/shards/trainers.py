@@ -11,6 +11,7 @@ normalizer; speculators' BaseDataset.__getitem__), imported from the installed t
 check item for item that these equal the trainer's dataset over an export.
 Classes live at module level so the datasets pickle into spawn/forkserver DataLoader workers.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,8 +60,12 @@ class SpeculatorsDataset(_ShardDataset):
     def _get_raw_data(self, i: int) -> dict:
         x = self.sample(i)
         hs = speculators_raw(x, self.n_aux, "pre-norm-equivalent", self.norm_weight)["hidden_states"]
-        return {"hidden_states": hs[:, :-1].flatten(1), "input_ids": x["input_ids"].long(),
-                "verifier_last_hidden_states": hs[:, -1], "loss_mask": x["loss_mask"].long()}
+        return {
+            "hidden_states": hs[:, :-1].flatten(1),
+            "input_ids": x["input_ids"].long(),
+            "verifier_last_hidden_states": hs[:, -1],
+            "loss_mask": x["loss_mask"].long(),
+        }
 
     def __getitem__(self, i: int) -> dict:
         from speculators.train.data import BaseDataset

@@ -13,6 +13,7 @@ to bf16 rounding, not bitwise; the bugs this guards against (a layer off by one,
 rows of the wrong request) give errors of order 1, and the off-by-one check below makes the layer
 convention explicit. The dump itself is compared bit for bit with SGLang's own return_hidden_states.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 from conftest import compose
+
 from recipe.backends.sglang import Server, server_argv, server_env
 from recipe.capture import records
 from recipe.main import RunFailed, run
@@ -49,9 +50,12 @@ MODELS = {  # builtin name, capture layers (residual stream entering these layer
     "llama": ("tiny-llama-256", [1, 3, 5], 6, 256),
     "deepseek": ("tiny-deepseek-v3", [1, 2, 3], 4, 256),
 }
-REPORT: dict = {"tolerance_rel_l2": TOL_REL_L2, "fake": FAKE,
-                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                "gpus": torch.cuda.device_count()}
+REPORT: dict = {
+    "tolerance_rel_l2": TOL_REL_L2,
+    "fake": FAKE,
+    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    "gpus": torch.cuda.device_count(),
+}
 
 
 def save_report():
@@ -61,15 +65,32 @@ def save_report():
 
 def cfg_for(kind, port, out, *extra, launch=False, dump_dir=None):
     name, layers, n, h = MODELS[kind]
-    return compose([
-        "backend=sglang", f"model.name={name}", f"model.path={WORK / 'models' / name}", f"model.num_layers={n}",
-        f"model.hidden_size={h}", f"model.default_layers={layers}", f"output_dir={out}",
-        f"capture.dump_dir={dump_dir or WORK / 'shm' / kind}", f"server.port={port}", f"server.launch={str(launch).lower()}",
-        "server.args.attention_backend=triton", "+server.args.sampling_backend=pytorch",
-        "+server.args.grammar_backend=none", "server.args.mem_fraction_static=0.3",
-        "+server.args.max_total_tokens=65536", "server.args.chunked_prefill_size=256",
-        "+server.args.enable_return_hidden_states=true", "server.ready_timeout_s=420", "client.concurrency=16",
-        "capture.dump_timeout_s=30", "log_every_s=5", *extra])
+    return compose(
+        [
+            "backend=sglang",
+            f"model.name={name}",
+            f"model.path={WORK / 'models' / name}",
+            f"model.num_layers={n}",
+            f"model.hidden_size={h}",
+            f"model.default_layers={layers}",
+            f"output_dir={out}",
+            f"capture.dump_dir={dump_dir or WORK / 'shm' / kind}",
+            f"server.port={port}",
+            f"server.launch={str(launch).lower()}",
+            "server.args.attention_backend=triton",
+            "+server.args.sampling_backend=pytorch",
+            "+server.args.grammar_backend=none",
+            "server.args.mem_fraction_static=0.3",
+            "+server.args.max_total_tokens=65536",
+            "server.args.chunked_prefill_size=256",
+            "+server.args.enable_return_hidden_states=true",
+            "server.ready_timeout_s=420",
+            "client.concurrency=16",
+            "capture.dump_timeout_s=30",
+            "log_every_s=5",
+            *extra,
+        ]
+    )
 
 
 class Running:
@@ -83,8 +104,9 @@ class Running:
             import sys
 
             extra = (*extra, f"server.command=[{sys.executable},{Path(__file__).parent.parent / 'fake_sglang.py'}]")
-        self.cfg = cfg_for(kind, port, WORK / "unused", f"server.args.tp_size={tp}", *extra, launch=True,
-                           dump_dir=self.dump)
+        self.cfg = cfg_for(
+            kind, port, WORK / "unused", f"server.args.tp_size={tp}", *extra, launch=True, dump_dir=self.dump
+        )
         self.url = f"http://127.0.0.1:{port}"
         self.log = WORK / f"server-{kind}-{port}.log"
         env = server_env(self.cfg, self.dump)
@@ -121,7 +143,9 @@ def hf_reference(kind):
     from recipe.backends.hf import HFBackend
 
     name, layers, n, _ = MODELS[kind]
-    return HFBackend(WORK / "models" / name, list(range(n)), True, device=DEVICE)  # all layers: for the off-by-one check
+    return HFBackend(
+        WORK / "models" / name, list(range(n)), True, device=DEVICE
+    )  # all layers: for the off-by-one check
 
 
 def compare(reader, be, layers, ids=None):
@@ -137,7 +161,7 @@ def compare(reader, be, layers, ids=None):
         stats["max_abs"].append(d.abs().amax(dim=(0, 2)).tolist())
         stats["mean_abs"].append(d.abs().mean(dim=(0, 2)).tolist())
         # which HF hidden_states index is each captured slot closest to? (layer convention, directly)
-        best = [int(((got[:, s:s + 1] - ref_all[:, :-1]).norm(dim=(0, 2))).argmin()) for s in range(len(layers))]
+        best = [int(((got[:, s : s + 1] - ref_all[:, :-1]).norm(dim=(0, 2))).argmin()) for s in range(len(layers))]
         stats["best_index"].append(best)
     worst = {k: np.max(np.asarray(v), axis=0).round(6).tolist() for k, v in stats.items() if k != "best_index"}
     worst["mean_of_mean_abs"] = np.mean(np.asarray(stats["mean_abs"]), axis=0).round(6).tolist()
@@ -163,7 +187,9 @@ def test_fidelity_against_hf(served, tmp_path):
     REPORT[kind]["patch"] = reader.manifest["backend"]["patch"]
     save_report()
     assert all(e <= TOL_REL_L2 for e in worst["rel_l2"]), worst
-    assert worst["best_index_per_slot"] == [tuple(layers)], "a captured slot matches another HF index: convention broken"
+    assert worst["best_index_per_slot"] == [tuple(layers)], (
+        "a captured slot matches another HF index: convention broken"
+    )
     assert served.dump.exists() and not list(served.dump.iterdir())  # nothing left behind on the RAM disk
     assert REPORT[kind]["dump_files_after_warmup_and_health"] == []
 
@@ -177,9 +203,16 @@ def test_dump_equals_return_hidden_states(served):
     for k, n in enumerate((17, 200, 700)):  # 700 > chunked_prefill_size: several passes
         ids = rng.integers(0, 256, n).tolist()
         rid = f"hsx-xcheck-{kind}-{k}"
-        r = httpx.post(served.url + "/generate", json={"input_ids": ids, "rid": rid, "return_hidden_states": True,
-                                                      "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
-                       timeout=120).json()
+        r = httpx.post(
+            served.url + "/generate",
+            json={
+                "input_ids": ids,
+                "rid": rid,
+                "return_hidden_states": True,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            },
+            timeout=120,
+        ).json()
         native = np.asarray(r["meta_info"]["hidden_states"][0], dtype=np.float32)
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -194,7 +227,7 @@ def test_dump_equals_return_hidden_states(served):
         res = {"tokens": n, "pieces": len(parts), "native_shape": list(native.shape), "dump_shape": list(aux.shape)}
         # SGLang 0.5.16 returns hidden states of the *last* prefill chunk only (seen: 188 of 700 rows with
         # chunked_prefill_size 256); the dump holds every row, so compare the rows SGLang returns.
-        tail = aux[-native.shape[0]:]
+        tail = aux[-native.shape[0] :]
         res["compared_rows"] = int(native.shape[0])
         res["max_abs_diff"] = float(np.abs(native - tail).max())
         res["bit_equal"] = bool(native.shape[1:] == tail.shape[1:] and np.array_equal(native, tail))
@@ -218,8 +251,12 @@ def test_batched_equals_one_at_a_time(served):
         a, b = single.get(sid)["hidden"].float(), batched.get(sid)["hidden"].float()
         identical += bool(torch.equal(a, b))
         diffs.append(((a - b).norm() / b.norm()).item())
-    REPORT[kind]["batched_vs_single"] = {"samples": len(diffs), "bit_identical": identical,
-                                         "worst_rel_l2": max(diffs), "chunked": sum(r["tokens"] > 256 for r in single.records)}
+    REPORT[kind]["batched_vs_single"] = {
+        "samples": len(diffs),
+        "bit_identical": identical,
+        "worst_rel_l2": max(diffs),
+        "chunked": sum(r["tokens"] > 256 for r in single.records),
+    }
     save_report()
     assert len(diffs) == 12 and max(diffs) <= TOL_REL_L2
 
@@ -230,8 +267,14 @@ def test_cuda_graphs_on_are_caught(tmp_path):
     kind = "llama"
     # prefill "breakable" is SGLang 0.5.16's own default when the flag is left out (the realistic mistake);
     # "full" for prefill is rejected by SGLang itself for these models (Invalid forward mode EXTEND).
-    with Running(kind, 31900, "server.allow_unsafe_flags=true", "server.args.cuda_graph_backend_prefill=breakable",
-                 "server.args.cuda_graph_backend_decode=full", fake_mode="graphs") as srv:
+    with Running(
+        kind,
+        31900,
+        "server.allow_unsafe_flags=true",
+        "server.args.cuda_graph_backend_prefill=breakable",
+        "server.args.cuda_graph_backend_decode=full",
+        fake_mode="graphs",
+    ) as srv:
         out = WORK / "out-graphs"
         shutil.rmtree(out, ignore_errors=True)
         failed = None
@@ -262,10 +305,20 @@ def test_tp2_writes_once_and_equals_tp1():
         shutil.rmtree(out, ignore_errors=True)
         counts = srv.recipe(out, "data.limit=12")
         tp2, tp1 = ShardReader(out), ShardReader(WORK / f"out-{kind}-batched")
-        diffs = [((tp2.get(s)["hidden"].float() - tp1.get(s)["hidden"].float()).norm() / tp1.get(s)["hidden"].float().norm()).item()
-                 for s in tp2.ids]
-        REPORT["tp2"] = {"counts": counts, "index_records": len(tp2.records), "unique_ids": len(set(tp2.ids)),
-                         "worst_rel_l2_vs_tp1": max(diffs), "bit_identical": sum(d == 0 for d in diffs)}
+        diffs = [
+            (
+                (tp2.get(s)["hidden"].float() - tp1.get(s)["hidden"].float()).norm()
+                / tp1.get(s)["hidden"].float().norm()
+            ).item()
+            for s in tp2.ids
+        ]
+        REPORT["tp2"] = {
+            "counts": counts,
+            "index_records": len(tp2.records),
+            "unique_ids": len(set(tp2.ids)),
+            "worst_rel_l2_vs_tp1": max(diffs),
+            "bit_identical": sum(d == 0 for d in diffs),
+        }
         save_report()
         assert counts["ok"] == 12 and len(tp2.records) == len(set(tp2.ids)) == 12
         assert max(diffs) <= TOL_REL_L2
