@@ -49,6 +49,19 @@ def compose(overrides=()):
         return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=False)
 
 
+def small_run_cfg(tmp, *extra, limit=8):
+    """The embedded default on `limit` records, writing under tmp (out/, shm/)."""
+    return compose(
+        [
+            f"output_dir={tmp / 'out'}",
+            f"capture.dump_dir={tmp / 'shm'}",
+            f"data.limit={limit}",
+            "log_every_s=1000",
+            *extra,
+        ]
+    )
+
+
 @pytest.fixture(scope="session")
 def sglang_wheel():
     cache = Path(os.environ.get("RECIPE_WHEEL_CACHE", Path.home() / ".cache" / "hs-recipe" / "wheels"))

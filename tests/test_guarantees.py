@@ -26,6 +26,7 @@ import pytest
 import torch
 import zstandard
 from conftest import compose
+from conftest import small_run_cfg as cfg
 
 from recipe.capture import records
 from recipe.data import Sample
@@ -37,18 +38,6 @@ from recipe.shards.codec import Codec
 from recipe.shards.store import INDEX, ShardStore
 
 IDENTITY = {"format": "t", "model_fingerprint": "m", "capture": {}}
-
-
-def cfg(tmp, *extra, limit=8):
-    return compose(
-        [
-            f"output_dir={tmp / 'out'}",
-            f"capture.dump_dir={tmp / 'shm'}",
-            f"data.limit={limit}",
-            "log_every_s=1000",
-            *extra,
-        ]
-    )
 
 
 # --- the packer ---------------------------------------------------------------------------

@@ -15,24 +15,12 @@ import sys
 import time
 
 import pytest
-from conftest import compose
+from conftest import small_run_cfg as cfg
 
 from recipe.main import run
 from recipe.shards import HiddenStatesDataset, ShardReader
 from recipe.shards.__main__ import verify
 from recipe.shards.store import ProvenanceMismatch, ShardStore
-
-
-def cfg(tmp, *extra, limit=8):
-    return compose(
-        [
-            f"output_dir={tmp / 'out'}",
-            f"capture.dump_dir={tmp / 'shm'}",
-            f"data.limit={limit}",
-            "log_every_s=1000",
-            *extra,
-        ]
-    )
 
 
 def recipe_cli(tmp, *args, env=None, wait=True, out=None):
