@@ -325,8 +325,8 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
     print_summary(Path(cfg.output_dir), counts, the_plan, packer, manifest)
     if cap.interrupted:
         raise RunFailed(
-            f"{cap.interrupted}: {not_done} samples not done; run the same command again to resume "
-            f"(output_dir={cfg.output_dir})"
+            f"{cap.interrupted}: {not_done} samples not done; run the same command again to resume: "
+            f"{resume_command(cfg)}"
         )
     if packer.failed:
         raise RunFailed(
@@ -334,6 +334,17 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
             f"(details in {cfg.output_dir}/manifest.json)"
         )
     return counts
+
+
+def resume_command(cfg) -> str:
+    """The command that resumes this run: its own overrides, with output_dir pinned (a default
+    output_dir is per invocation)."""
+    import shlex
+
+    args = [a for a in sys.argv[1:] if not a.startswith(("output_dir=", "-m", "--multirun"))]
+    if not sys.argv or not sys.argv[0].endswith(("recipe/__main__.py", "-m", "recipe")):
+        args = []  # called as a library (tests, notebooks): only the output_dir is known
+    return shlex.join(["python", "-m", "recipe", *args, f"output_dir={cfg.output_dir}"])
 
 
 def print_summary(out, counts, the_plan, packer, manifest) -> None:

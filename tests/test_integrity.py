@@ -377,3 +377,13 @@ def test_output_dir_that_is_a_file_or_read_only_fails_before_tokenizing(tmp_path
     if os.geteuid() != 0:  # root writes anywhere; the check is still exercised above
         rc, out = recipe_cli(tmp_path, out=ro / "out")
         assert rc == 2 and "not writable" in out
+
+
+def test_the_resume_message_prints_the_exact_command(monkeypatch):
+    from types import SimpleNamespace
+
+    from recipe.main import resume_command
+
+    monkeypatch.setattr(sys, "argv", ["/x/recipe/__main__.py", "capture.layers=[1,2]", "data.limit=9"])
+    cmd = resume_command(SimpleNamespace(output_dir="/data/out 1"))
+    assert cmd == "python -m recipe 'capture.layers=[1,2]' data.limit=9 'output_dir=/data/out 1'"
