@@ -38,7 +38,7 @@ import numpy as np
 
 from .capture import records
 from .procs import die_with_parent
-from .shards.codec import Codec, split_into, split_planes
+from .shards.codec import Codec, split_into
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,6 @@ def check_planes(hi: np.ndarray, lo: np.ndarray) -> str | None:
         if not lo[:, s].any():
             return f"all_zero_slot_{int(s)}"
     return None
-
-
-def check_hidden(h: np.ndarray) -> str | None:
-    """bf16 bits [T, slots, H] (uint16): check_planes on its byte planes."""
-    hi, lo = split_planes(h)
-    return check_planes(hi.reshape(h.shape), lo.reshape(h.shape))
 
 
 QUEUED = 2  # tasks per worker process at once

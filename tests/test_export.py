@@ -34,6 +34,20 @@ def shards(tmp_path_factory):
     return tmp / "out"
 
 
+def two_training_steps(model, loss_fn) -> list[float]:
+    """Two AdamW steps on the trainable parameters; each loss must be finite."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(2):
+        loss = loss_fn()
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def mapping(out):
     return {row["file"]: row for row in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
 
@@ -126,8 +140,6 @@ def test_specforge_trains_two_steps_from_shards(shards, tiny_model_dir):
     draft = LlamaForCausalLMEagle3(cfg, attention_backend="sdpa")
     draft.freeze_embedding()
     model = OnlineEagle3Model(draft, length=3, attention_backend="sdpa")
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
-    losses = []
     with torch.compiler.set_stance("force_eager"):
         ids, target, loss_mask = _prepare_eagle_target(
             target_head=head,
@@ -138,7 +150,8 @@ def test_specforge_trains_two_steps_from_shards(shards, tiny_model_dir):
             device=torch.device("cpu"),
         )
         assert loss_mask.sum() > 0
-        for _ in range(2):
+
+        def loss():
             plosses = model(
                 input_ids=ids,
                 attention_mask=batch["attention_mask"],
@@ -146,12 +159,9 @@ def test_specforge_trains_two_steps_from_shards(shards, tiny_model_dir):
                 loss_mask=loss_mask,
                 hidden_states=batch["hidden_state"].float(),
             )[0]
-            loss = sum(0.8**i * p for i, p in enumerate(plosses))  # their Eagle3TrainStrategy's decay
-            assert torch.isfinite(loss)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            return sum(0.8**i * p for i, p in enumerate(plosses))  # their Eagle3TrainStrategy's decay
+
+        losses = two_training_steps(model, loss)
     assert losses[1] < losses[0]
 
 
@@ -229,17 +239,10 @@ def test_speculators_trains_toward_what_the_target_predicts(shards, tmp_path, ti
 
     batch = CollateFn(max_len=512, hidden_size=H, num_target_layers=N_AUX)([ds[i] for i in range(4)])
     model = model.float()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids", "verifier_last_hidden_states")
     inputs = {k: batch[k].float() if "hidden" in k else batch[k] for k in keys}
-    losses = []
-    for _ in range(2):
-        _, loss, _ = model(**inputs, ttt_steps=3, loss_config=resolve_loss_config("kl_div", "eager"))
-        assert torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    config = resolve_loss_config("kl_div", "eager")
+    losses = two_training_steps(model, lambda: model(**inputs, ttt_steps=3, loss_config=config)[1])
     assert losses[1] < losses[0]
 
 

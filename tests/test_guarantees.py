@@ -31,10 +31,10 @@ from conftest import small_run_cfg as cfg
 from recipe.capture import records
 from recipe.data import Sample
 from recipe.main import RunFailed, run
-from recipe.packer import Packer, check_hidden
+from recipe.packer import Packer, check_planes
 from recipe.shards import CorruptRecord, ShardReader
 from recipe.shards.__main__ import verify
-from recipe.shards.codec import Codec
+from recipe.shards.codec import Codec, split_planes
 from recipe.shards.store import INDEX, ShardStore
 
 IDENTITY = {"format": "t", "model_fingerprint": "m", "capture": {}}
@@ -89,7 +89,8 @@ def test_bad_values_are_refused(value, reason):
         h[:, 1] = 0x8000  # -0.0: all zero
     else:
         h[2, 1, 5] = value  # +Inf, -Inf, NaN
-    assert check_hidden(h) == reason
+    hi, lo = split_planes(h)
+    assert check_planes(hi.reshape(h.shape), lo.reshape(h.shape)) == reason
 
 
 # --- the store's durability order -----------------------------------------------------------

@@ -23,15 +23,19 @@ from recipe.shards.__main__ import verify
 from recipe.shards.store import ProvenanceMismatch, ShardStore
 
 
-def recipe_cli(tmp, *args, env=None, wait=True, out=None):
+def recipe_cli(tmp, *args, env=None, wait=True, out=None, prefix=()):
+    """`python -m recipe` in a subprocess, writing under tmp (out/, shm/, <out>-run/); `prefix`
+    runs it under another command (unshare)."""
+    out = out or tmp / "out"
     p = subprocess.Popen(
         [
+            *prefix,
             sys.executable,
             "-m",
             "recipe",
-            f"output_dir={out or tmp / 'out'}",
+            f"output_dir={out}",
             f"capture.dump_dir={tmp / 'shm'}",
-            f"hydra.run.dir={tmp / 'run'}",
+            f"hydra.run.dir={out}-run",
             "log_every_s=1000",
             *args,
         ],
@@ -42,8 +46,8 @@ def recipe_cli(tmp, *args, env=None, wait=True, out=None):
         env={**os.environ, **(env or {})},
     )
     if wait:
-        out, _ = p.communicate(timeout=300)
-        return p.returncode, out
+        log, _ = p.communicate(timeout=300)
+        return p.returncode, log
     return p
 
 
@@ -239,26 +243,7 @@ def sglang_args(port, limit):
 
 def in_new_pid_namespace(tmp, name, *args):
     """A recipe as PID 1 of its own PID namespace, as in a container (`unshare --pid`)."""
-    return subprocess.Popen(
-        [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            sys.executable,
-            "-m",
-            "recipe",
-            f"output_dir={tmp / name}",
-            f"capture.dump_dir={tmp / 'shm'}",
-            f"hydra.run.dir={tmp / name}-run",
-            "log_every_s=1000",
-            *args,
-        ],
-        cwd=tmp,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    return recipe_cli(tmp, *args, out=tmp / name, wait=False, prefix=("unshare", "--pid", "--fork", "--mount-proc"))
 
 
 def wait_for(cond, timeout=120, what="condition"):

@@ -50,11 +50,6 @@ def split_planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
-def to_planes(buf: np.ndarray) -> np.ndarray:
-    """[n] 16-bit -> [2n] bytes: high bytes first."""
-    return np.concatenate(split_planes(buf))
-
-
 def from_planes(raw: memoryview | bytes, n_items: int) -> np.ndarray:
     """[2n] bytes, high plane first -> [n] 16-bit words."""
     b = np.frombuffer(raw, np.uint8, count=2 * n_items)
