@@ -184,7 +184,16 @@ def arm(name, args, model_dir, samples, warm):
             "~server.args.enforce_disable_flashinfer_allreduce_fusion",
         ]
     cfg = compose(over)
-    be = SGLangBackend(cfg, model_dir, dump_parent, run_dir=Path(args.work) / f"logs-{name}")
+    be = SGLangBackend(
+        model_dir,
+        dump_parent,
+        Path(args.work) / f"out-{name}",
+        server=cfg.server,
+        client=cfg.client,
+        capture=cfg.capture,
+        nccl=cfg.nccl,
+        run_dir=Path(args.work) / f"logs-{name}",
+    )
     if name == "plain":
         for k in list(be.server.env):
             if k.startswith("SGLANG_HS_"):

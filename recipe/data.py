@@ -130,7 +130,10 @@ def to_messages(rec) -> list[dict]:
                 raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
             if m["role"].lower() not in ROLES:
                 raise BadRecord("unknown_role", m["role"])
-            out.append({"role": m["role"].lower(), "content": m["content"]})
+            msg = {"role": m["role"].lower(), "content": m["content"]}
+            if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+                msg["reasoning_content"] = m["reasoning_content"]  # thinking models' templates render it
+            out.append(msg)
     elif "conversations" in rec:
         conv = rec["conversations"]
         if not isinstance(conv, list):
@@ -159,56 +162,97 @@ def to_messages(rec) -> list[dict]:
         raise BadRecord("no_assistant_turn")
     for m in out:  # valid JSON can hold lone surrogates ("\ud800"), which no tokenizer can encode
         try:
-            m["content"].encode("utf-8")
+            (m["content"] + m.get("reasoning_content", "")).encode("utf-8")
         except UnicodeEncodeError as e:
             raise BadRecord("invalid_unicode", str(e)) from None
     return out
 
 
 def sample_id(messages: list[dict]) -> str:
-    canon = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False, separators=(",", ":"))
+    canon = json.dumps(
+        [[m["role"], m["content"]] + ([m["reasoning_content"]] if "reasoning_content" in m else []) for m in messages],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(canon.encode()).hexdigest()[:24]
 
 
 # -- tokenizing -----------------------------------------------------------------------------
-def render(tokenizer, messages, add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def render(tokenizer, messages, add_generation_prompt: bool, template_kwargs=None) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
+    )
 
 
-def assistant_spans(tokenizer, messages) -> tuple[str, list[tuple[int, int]]]:
+def turn_end_marker(tokenizer, template_kwargs=None) -> str:
+    """What the template writes after an assistant turn's content (e.g. `<|im_end|>`), read off a
+    one-turn rendering: the end of a turn in a rendering that rewrote it (see assistant_spans)."""
+    probe = "\x1f"
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}]
+    text = render(tokenizer, msgs, False, template_kwargs)
+    return text[text.rindex(probe) + len(probe) :].rstrip()
+
+
+def assistant_spans(tokenizer, messages, template_kwargs=None) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans the draft is trained on.
 
     A span runs from just after the template's assistant header (the text the template adds for
     add_generation_prompt) to the end of that turn, end-of-turn marker included, trailing
-    whitespace excluded. Template-agnostic: it only needs each prefix's rendering to be a prefix
-    of the whole, which is checked (templates that rewrite history, e.g. drop old <think>, fail
-    here loudly instead of producing a shifted mask).
+    whitespace excluded. Template-agnostic, as long as the rendering up to each assistant header is
+    a prefix of the whole (checked: otherwise the record is skipped, never given a shifted mask).
+    Templates that rewrite a turn once later turns follow (Kimi-K2.5 and other thinking models drop
+    earlier reasoning) are handled: such a turn is taken as rendered in the whole conversation, up
+    to the template's end-of-turn marker.
     """
-    full = render(tokenizer, messages, False)
-    spans = []
+    full = render(tokenizer, messages, False, template_kwargs)
+    spans, marker = [], None
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = render(tokenizer, messages[:k], True)
-        upto = render(tokenizer, messages[: k + 1], False)
-        if not full.startswith(upto) or not upto.startswith(head):
+        head = render(tokenizer, messages[:k], True, template_kwargs)
+        upto = render(tokenizer, messages[: k + 1], False, template_kwargs)
+        if not full.startswith(head) or not upto.startswith(head):
             raise BadRecord("template_not_prefix_stable", f"turn {k}")
-        end = len(upto)
-        while end > len(head) and upto[end - 1].isspace():
+        if full.startswith(upto):
+            end = len(upto)
+        else:  # this turn is rendered differently once later turns follow: find its end in `full`
+            marker = marker if marker is not None else turn_end_marker(tokenizer, template_kwargs)
+            at = full.find(marker, len(head)) if marker else -1
+            if at < 0:
+                raise BadRecord("template_not_prefix_stable", f"turn {k}: no end-of-turn marker")
+            end = at + len(marker)
+        while end > len(head) and full[end - 1].isspace():
             end -= 1
         spans.append((len(head), end))
     return full, spans
 
 
-def tokenize(tokenizer, messages) -> tuple[np.ndarray, np.ndarray]:
-    text, spans = assistant_spans(tokenizer, messages)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
-    for a, b in spans:
-        mask[(starts >= a) & (starts < b)] = 1
-    return ids, mask
+def tokenize(tokenizer, messages, template_kwargs=None) -> tuple[np.ndarray, np.ndarray]:
+    text, spans = assistant_spans(tokenizer, messages, template_kwargs)
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = np.asarray(enc["input_ids"], dtype=np.int32)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
+        for a, b in spans:
+            mask[(starts >= a) & (starts < b)] = 1
+        return ids, mask
+    return tokenize_by_pieces(tokenizer, text, spans)
+
+
+def tokenize_by_pieces(tokenizer, text: str, spans) -> tuple[np.ndarray, np.ndarray]:
+    """Slow (Python) tokenizers, such as Kimi's tiktoken class, give no character offsets: tokenize
+    the text piece by piece at the span edges instead. The edges sit at the template's special
+    tokens, so the pieces tokenize as the whole does; that is checked, never assumed."""
+    cuts = sorted({0, len(text), *(x for span in spans for x in span)})
+    ids, mask = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        piece = tokenizer.encode(text[a:b], add_special_tokens=False)
+        ids += piece
+        mask += [int(any(s <= a and b <= e for s, e in spans))] * len(piece)
+    if ids != tokenizer.encode(text, add_special_tokens=False):
+        raise BadRecord("token_boundary_unstable", "a loss-mask edge falls inside a token")
+    return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
 
 
 def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
@@ -244,7 +288,7 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
                 if sid in seen:
                     raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
                 try:
-                    ids, mask = tokenize(tokenizer, msgs)
+                    ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
                 except BadRecord:
                     raise
                 except Exception as e:  # a template that cannot render this conversation

@@ -26,6 +26,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from . import preflight, schema
+from .backends import make_backend
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .capture.writer import CaptureWriter
 from .data import Plan, build_plan, sample_key
@@ -104,12 +105,21 @@ def plan(cfg) -> Job:
     order: every refusal comes before any GPU work, and before anything is written."""
     schema.validate(cfg)
     out = Path(cfg.output_dir)
+    log_folders(cfg)
     check_output_dir(out)
     model_dir = resolve_model_path(cfg.model.path)
-    check_model_config(cfg, model_dir)
+    read_model_shape(cfg, model_dir)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e) or cfg.model.trust_remote_code:
+            raise
+        raise schema.ConfigError(
+            f"the tokenizer in {model_dir} is remote code (auto_map in tokenizer_config.json): "
+            "set model.trust_remote_code=true after reading its *.py files"
+        ) from None
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model_dir} has no chat template: the loss mask needs one")
     t0 = time.monotonic()
@@ -157,6 +167,20 @@ def plan(cfg) -> Job:
     return Job(model_dir, the_plan, todo, store, cap["slots"])
 
 
+def log_folders(cfg) -> None:
+    """Every folder the run writes to, first thing in its log."""
+    from .backends.sglang import hydra_run_dir
+    from .tiny import cache_dir
+
+    log.info(
+        "writing to: output_dir=%s | run log=%s | dumps=%s (RAM disk, removed at the end)%s",
+        Path(cfg.output_dir).resolve(),
+        hydra_run_dir() or "(no Hydra run folder)",
+        cfg.capture.dump_dir,
+        f" | built-in model cache={cache_dir()}" if str(cfg.model.path).startswith("builtin:") else "",
+    )
+
+
 def check_output_dir(out: Path) -> None:
     """Fail now, not after tokenizing a terabyte's worth of prompts."""
     if out.exists() and not out.is_dir():
@@ -166,14 +190,22 @@ def check_output_dir(out: Path) -> None:
         raise ValueError(f"output_dir={out}: {parent} is not writable")
 
 
-def check_model_config(cfg, model_dir: Path) -> None:
+def read_model_shape(cfg, model_dir: Path) -> None:
+    """Depth and hidden size from the checkpoint's config.json (the language model's `text_config`
+    in a multimodal wrapper such as Kimi-K2.5's); values set in the config must agree."""
     import json
 
-    hf = json.loads((model_dir / "config.json").read_text())
-    hf = hf.get("text_config", hf)
-    for key, ours in (("num_hidden_layers", cfg.model.num_layers), ("hidden_size", cfg.model.hidden_size)):
-        if key in hf and hf[key] != ours:
-            raise ValueError(f"model config says {key}={ours} but {model_dir}/config.json says {hf[key]}")
+    outer = json.loads((model_dir / "config.json").read_text())
+    hf = outer.get("text_config", outer)
+    where = f"{model_dir}/config.json" + (" (text_config)" if "text_config" in outer else "")
+    for key, ours in (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size")):
+        theirs, given = hf.get(key), cfg.model[ours]
+        if theirs is None and given is None:
+            raise schema.ConfigError(f"{where} has no {key}: set model.{ours}")
+        if given is not None and theirs is not None and given != theirs:
+            raise schema.ConfigError(f"model.{ours}={given} but {where} says {key}={theirs}")
+        cfg.model[ours] = given if given is not None else theirs
+    schema.check_layers(cfg)
     positions = hf.get("max_position_embeddings")
     if positions and cfg.data.max_length > positions:
         raise schema.ConfigError(
@@ -203,7 +235,7 @@ def capture(cfg, job: Job) -> Captured:
         ) as packer:
             writer = CaptureWriter(dump_dir, budget, cfg.capture.rid_prefix)
             try:
-                with make_backend(cfg, job.model_dir, dump_dir) as backend:
+                with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
                     backend.run(
                         job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}", should_stop=stop.is_set
                     )
@@ -234,17 +266,6 @@ def dump_folder(cfg):
             raise FileNotFoundError(f"server.launch=false but capture.dump_dir={dump_dir} does not exist")
         return contextlib.nullcontext(dump_dir)
     return owned_dump_dir(cfg.capture.dump_dir)
-
-
-def make_backend(cfg, model_dir: Path, dump_dir: Path):
-    """The backend named by backend.name, handed only the config nodes it reads."""
-    if cfg.backend.name == "hf":
-        from .backends.hf import HFBackend
-
-        return HFBackend.from_config(cfg.backend, cfg.capture, cfg.model, model_dir)
-    from .backends.sglang import SGLangBackend
-
-    return SGLangBackend(cfg, model_dir, dump_dir)
 
 
 def disk_full(e: BaseException) -> str | None:

@@ -30,19 +30,32 @@ class Transform(str, Enum):
 class ModelConfig:
     name: str = MISSING
     path: str = MISSING  # a local model directory, or builtin:<name> (recipe/tiny.py)
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
+    num_layers: Optional[int] = None  # null: read from the checkpoint's config.json (text_config if nested)
+    hidden_size: Optional[int] = None  # null: likewise; a value given here is checked against config.json
+    trust_remote_code: bool = False  # the tokenizer's own code from the model folder (Kimi's tiktoken class)
     default_layers: List[int] = MISSING  # EAGLE-3 low/mid/high, in the residual_in convention
     dtype: str = "bfloat16"
 
 
+class BackendName(str, Enum):
+    hf = "hf"  # transformers in-process (recipe/backends/hf.py)
+    sglang = "sglang"  # the patched SGLang server (recipe/backends/sglang.py)
+
+
+# One schema per backend (conf/backend/<name>.yaml extends it): a key one backend does not read is a
+# compose-time error under the other, not a silently ignored setting.
 @dataclass
-class BackendConfig:
-    name: str = MISSING  # hf | sglang
-    device: str = "auto"  # hf: cuda when available
-    batch_tokens: int = 16384  # hf: padded tokens per forward
-    batch_size: int = 16  # hf: sequences per forward
-    attn_implementation: Optional[str] = None  # hf: e.g. eager, sdpa
+class HFBackendConfig:
+    name: BackendName = BackendName.hf
+    device: str = "auto"  # cuda when available
+    batch_tokens: int = 16384  # padded tokens per forward
+    batch_size: int = 16  # sequences per forward
+    attn_implementation: Optional[str] = None  # e.g. eager, sdpa
+
+
+@dataclass
+class SGLangBackendConfig:
+    name: BackendName = BackendName.sglang  # its settings are the server/ and client/ groups
 
 
 @dataclass
@@ -88,6 +101,7 @@ class DataConfig:
     shard_index: int = 0
     num_shards: int = 1
     max_failures: float = 0.01  # invalid records allowed: a count (>= 1), or a fraction (< 1) but at least 10; 0 = none
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {thinking: false} (Kimi instant)
 
 
 @dataclass
@@ -111,7 +125,7 @@ class ShardsConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: Any = MISSING  # HFBackendConfig | SGLangBackendConfig, chosen by the backend/ group
     server: ServerConfig = field(default_factory=ServerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
@@ -138,6 +152,8 @@ def unknown_keys(node, schema_cls, prefix: str = "") -> list[str]:
             continue
         child = getattr(schema_cls, "__annotations__", {}).get(key)
         sub = _SECTIONS.get(child if isinstance(child, str) else getattr(child, "__name__", ""))
+        if key == "backend" and schema_cls is Config:  # typed by the chosen backend's own schema
+            sub = BACKENDS.get(node[key].get("name"))
         if sub is not None:
             out += unknown_keys(node[key], sub, f"{prefix}{key}.")
     return out
@@ -178,12 +194,17 @@ def validate(cfg) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
-    layers, n = list(c.layers), cfg.model.num_layers
+    check_layers(cfg)
+
+
+def check_layers(cfg) -> None:
+    """The capture against the model's depth (once it is known: it may come from config.json)."""
+    c, layers, n = cfg.capture, list(cfg.capture.layers), cfg.model.num_layers
     if not layers and not c.final:
         raise ConfigError("capture.layers is empty and capture.final is false: nothing to capture")
     if layers != sorted(set(layers)):
         raise ConfigError(f"capture.layers must be ascending and unique, got {layers}")
-    if layers and (layers[0] < 0 or layers[-1] >= n):
+    if layers and n is not None and (layers[0] < 0 or layers[-1] >= n):
         raise ConfigError(
             f"capture.layers {layers} out of range for {n} layers: index i is the residual stream "
             f"entering layer i, so 0 <= i < {n}; use capture.final for the last state"
@@ -193,15 +214,14 @@ def validate(cfg) -> None:
             "backend=sglang cannot capture layer 0 (the embeddings): SGLang adds the residual, "
             "which does not exist yet before layer 0"
         )
-    if cfg.backend.name not in ("hf", "sglang"):
-        raise ConfigError(f"backend.name must be hf or sglang, got {cfg.backend.name!r}")
 
 
 _SECTIONS = {
     c.__name__: c
     for c in (
         ModelConfig,
-        BackendConfig,
+        HFBackendConfig,
+        SGLangBackendConfig,
         ServerConfig,
         NcclConfig,
         CaptureConfig,
@@ -212,5 +232,45 @@ _SECTIONS = {
 }
 
 
+BACKENDS = {BackendName.hf: HFBackendConfig, BackendName.sglang: SGLangBackendConfig}
+
+
+def run_name(*, _root_) -> str:
+    """A run's default folder name, from what decides its content: the model, the captured slots and
+    the job's share of the data. The same command gives the same folder, so running it again resumes;
+    a different capture never lands in another's folder (and the store's identity check would refuse it)."""
+    c, d = _root_.capture, _root_.data
+    name = f"{_root_.model.name}/layers-{'-'.join(str(i) for i in c.layers) or 'none'}{'+final' if c.final else ''}"
+    return name + (f"/part-{d.shard_index}-of-{d.num_shards}" if d.num_shards > 1 else "")
+
+
+def run_dir(*, _root_) -> str:
+    """Hydra's folder for this job (a sweep gives each job its own) or, before Hydra has made one
+    (`--cfg job --resolve`, the compose API), the folder a plain run would use."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        out = OmegaConf.select(hc, "runtime.output_dir", default=None, throw_on_missing=False)
+        return out or hc.run.dir  # before the run starts: the folder it will use
+    return f"outputs/{run_name(_root_=_root_)}"
+
+
+def shell_safe(text: str) -> str:
+    """A sweep folder name any shell takes unquoted: `capture.layers=[1,2]` -> `capture.layers=1-2`."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", text.replace("[", "").replace("]", "").replace(",", "-"))
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    from omegaconf import OmegaConf
+
+    for name, fn in (("hs.run_name", run_name), ("hs.run_dir", run_dir), ("hs.shell_safe", shell_safe)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for name, node in BACKENDS.items():
+        cs.store(group="backend", name=f"{name.value}_schema", node=node)

@@ -15,28 +15,29 @@ from omegaconf import DictConfig
 
 from . import schema
 from .backends.sglang import Server, hydra_run_dir, server_argv, server_env
-from .main import CONF_DIR, make_dump_dir, validate
+from .capture.dumpdir import dump_dir
+from .main import CONF_DIR
 from .tiny import resolve_model_path
 
 schema.register()
 
 
-def serve(cfg: DictConfig) -> int:
-    validate(cfg)
-    dump = make_dump_dir(cfg.capture.dump_dir)
-    srv = Server(
-        server_argv(cfg, resolve_model_path(cfg.model.path)),
-        server_env(cfg, dump),
-        Path(hydra_run_dir() or ".") / "server.log",
-        f"http://127.0.0.1:{cfg.server.port}",
-        cfg.server.ready_timeout_s,
-    )
-    signal.signal(signal.SIGTERM, lambda *a: srv.stop())
-    srv.start()
-    try:
-        return srv.proc.wait()
-    finally:
-        srv.stop()
+def serve(cfg: DictConfig, run_dir: Path | None = None) -> int:
+    schema.validate(cfg)
+    with dump_dir(cfg.capture.dump_dir) as dump:
+        srv = Server(
+            server_argv(cfg.server, resolve_model_path(cfg.model.path)),
+            server_env(cfg.nccl, cfg.capture, dump),
+            Path(run_dir or hydra_run_dir() or ".") / "server.log",
+            f"http://127.0.0.1:{cfg.server.port}",
+            cfg.server.ready_timeout_s,
+        )
+        signal.signal(signal.SIGTERM, lambda *a: srv.stop())
+        srv.start()
+        try:
+            return srv.proc.wait()
+        finally:
+            srv.stop()
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -82,6 +82,9 @@ SPECS = {
         norm_topk_prob=True,
         routed_scaling_factor=2.5,
     ),
+    # Kimi-K2.5's layout (recipe/tiny_kimi.py): the DeepSeek-V3 language model above under text_config,
+    # a small MoonViT vision tower, a remote-code tokenizer and a thinking/instant chat template
+    "tiny-kimi-k2.5": dict(arch="kimi_k25", text="tiny-deepseek-v3"),
 }
 
 
@@ -149,8 +152,13 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
-        make_model(name).save_pretrained(tmp, safe_serialization=True)
-        make_tokenizer(template).save_pretrained(tmp)
+        if SPECS[name]["arch"] == "kimi_k25":
+            from .tiny_kimi import write_tiny_kimi
+
+            write_tiny_kimi(tmp, make_model(SPECS[name]["text"]))
+        else:
+            make_model(name).save_pretrained(tmp, safe_serialization=True)
+            make_tokenizer(template).save_pretrained(tmp)
         (tmp / "recipe_builtin.json").write_text(json.dumps({"name": name, "seed": 0}))
         try:
             os.rename(tmp, dest)

@@ -196,6 +196,13 @@ def main():
             if req.get("return_hidden_states"):  # as SGLang with aux capture on: the aux concatenation [T, K*H]
                 final, aux = model.states(req["input_ids"])
                 meta["hidden_states"] = [torch.cat(aux, dim=-1).float().tolist() if aux else final.float().tolist()]
+            if req.get("return_logprob"):  # as SGLang: [logprob, token id, None] per prompt token, the first None
+                ids = req["input_ids"]
+                with torch.inference_mode():
+                    lp = torch.log_softmax(model.hf(torch.as_tensor(ids)[None]).logits[0].float(), -1)
+                meta["input_token_logprobs"] = [[None, ids[0], None]] + [
+                    [lp[t - 1, ids[t]].item(), ids[t], None] for t in range(1, len(ids))
+                ]
             self.reply(200, {"text": "", "output_ids": [], "meta_info": meta})
 
     srv = ThreadingHTTPServer((args.host, args.port), H)

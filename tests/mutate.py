@@ -157,6 +157,24 @@ MUTATIONS = {
         '        "input_ids": x["input_ids"].long()[None],\n        "loss_mask": x["loss_mask"].long()[None],\n',
         ["tests/test_export.py::test_specforge_dataset_and_collator_read_the_export_exactly"],
     ),
+    "rewritten_turn_ends_early": (  # a history turn's mask stops before its end-of-turn marker
+        "recipe/data.py",
+        "end = at + len(marker)",
+        "end = at",
+        ["tests/test_kimi.py::test_multi_turn_masks_survive_a_template_that_drops_earlier_reasoning"],
+    ),
+    "slow_tokenizer_mask_shifted": (  # pieces of a slow tokenizer masked one piece late
+        "recipe/data.py",
+        "mask += [int(any(s <= a and b <= e for s, e in spans))] * len(piece)",
+        "mask += [int(any(s < a and b <= e for s, e in spans))] * len(piece)",
+        ["tests/test_kimi.py::test_multi_turn_masks_survive_a_template_that_drops_earlier_reasoning"],
+    ),
+    "backend_gets_whole_config": (  # the registry hands a backend more than its own nodes
+        "recipe/backends/__init__.py",
+        "**{n: cfg[n] for n in nodes}",
+        "**{n: cfg[n] for n in cfg if n in nodes or n == 'data'}",
+        ["tests/test_config.py::test_registry_hands_each_backend_only_its_config_nodes"],
+    ),
 }
 
 

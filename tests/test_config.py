@@ -69,6 +69,92 @@ def test_layers_follow_the_model():
 
 def test_cfg_job_prints_the_resolved_config():
     out = subprocess.run(
-        [sys.executable, "-m", "recipe", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "recipe", "--cfg", "job", "--resolve"], cwd=ROOT, capture_output=True, text=True
     ).stdout
-    assert "layers:" in out and "rid_prefix: hsx-" in out
+    assert "rid_prefix: hsx-" in out and "${" not in out  # every value resolved, none left as an interpolation
+    assert "output_dir: outputs/tiny-llama/layers-1-2-3+final/shards" in out
+
+
+def test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock(tmp_path):
+    """Running the same command again resumes: same folder. Another capture: another folder."""
+    env = {**__import__("os").environ, "HYDRA_FULL_ERROR": "1"}
+
+    def recipe(*args):
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "recipe",
+                "data.limit=3",
+                "log_every_s=1000",
+                f"capture.dump_dir={tmp_path}/shm",
+                *args,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**env, "PYTHONPATH": str(ROOT)},
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout + p.stderr
+
+    first = recipe()
+    assert "writing to: output_dir=" + str(tmp_path / "outputs/tiny-llama/layers-1-2-3+final/shards") in first
+    again = recipe()
+    assert "3 already stored, 0 to do" in again
+    other = recipe("capture.layers=[1,3]", "data.num_shards=2")
+    assert "0 already stored" in other
+    assert (tmp_path / "outputs/tiny-llama/layers-1-3+final/part-0-of-2/shards/manifest.json").exists()
+
+
+def test_each_backend_schema_holds_only_its_own_keys():
+    compose(["backend=hf", "backend.batch_size=2", "output_dir=/o"])
+    with pytest.raises(ConfigCompositionException, match="device"):  # an HF setting under sglang
+        compose(["backend=sglang", "backend.device=cpu", "output_dir=/o"])
+    with pytest.raises(ConfigCompositionException, match="backend.name"):  # a closed set
+        compose(["backend.name=vllm", "output_dir=/o"])
+
+
+@pytest.mark.parametrize("name", ["hf", "sglang"])
+def test_registry_hands_each_backend_only_its_config_nodes(name, monkeypatch, tmp_path):
+    import recipe.backends as backends
+
+    seen = {}
+
+    class Recorder:
+        @classmethod
+        def from_config(cls, model_dir, dump_dir, output_dir, **nodes):
+            seen.update(nodes)
+            return cls()
+
+    monkeypatch.setitem(sys.modules, "recorder_mod", type(sys)("recorder_mod"))
+    sys.modules["recorder_mod"].Recorder = Recorder
+    target, nodes = backends.REGISTRY[name]
+    monkeypatch.setitem(backends.REGISTRY, name, ("recorder_mod:Recorder", nodes))
+    cfg = compose([f"backend={name}", "output_dir=/o"])
+    backends.make_backend(cfg, tmp_path, tmp_path, tmp_path)
+    assert set(seen) == set(nodes) and "data" not in seen and "output_dir" not in seen
+    for n in nodes:
+        assert seen[n] == cfg[n]
+    # and the real class accepts exactly those nodes (a renamed or extra one fails here)
+    import importlib
+    import inspect
+
+    module, cls = target.split(":")
+    sig = inspect.signature(getattr(importlib.import_module(module), cls).from_config)
+    assert {p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY} == set(nodes)
+
+
+def test_serve_runs_the_server_alone_and_returns_its_status(tmp_path):
+    from recipe.serve import serve
+
+    cfg = compose(
+        [
+            "backend=sglang",
+            "output_dir=/o",
+            f"capture.dump_dir={tmp_path}/dump",
+            "server.command=[" + sys.executable + ",-c,'import sys; sys.exit(7)']",
+        ]
+    )
+    assert serve(cfg, run_dir=tmp_path) == 7
+    assert not (tmp_path / "dump").exists() or not any((tmp_path / "dump").iterdir())  # its dump folder went

@@ -11,11 +11,10 @@ from recipe.tiny import make_tokenizer
 
 
 def dcfg(**kw):
-    base = dict(
-        sources=[], max_length=4096, overflow="truncate", limit=None, shard_index=0, num_shards=1, max_failures=1000
-    )
-    base.update(kw)
-    return OmegaConf.create(base)
+    """A data config node as the schema types it (recipe.schema.DataConfig), with these values."""
+    from recipe.schema import DataConfig
+
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), {"sources": [], "max_failures": 1000, **kw})
 
 
 CONV = [

@@ -60,6 +60,15 @@ def test_sweep_then_merge_equals_one_run(tmp_path, single):
     assert m["counts"]["input"] == 10 and m["counts"]["ok"] == 10 and len(m["merged_from"]) == 2
 
 
+def test_sweep_folders_are_named_from_overrides_and_shell_safe(tmp_path):
+    import shlex
+
+    recipe(tmp_path, "-m", "capture.layers=[1,2],[1,3]", "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert names == ["capture.layers=1-2+dry_run=True", "capture.layers=1-3+dry_run=True"]
+    assert all(shlex.quote(n) == n for n in names)  # no quoting needed in any shell
+
+
 def test_submitit_local_runs_the_sweep(tmp_path):
     recipe(
         tmp_path,
@@ -98,7 +107,7 @@ def test_multinode_server_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("NODE_RANK", "1")
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
     cfg = compose(["backend=sglang", "server=multinode", "nccl=infiniband", "output_dir=/o"])
-    argv = " ".join(server_argv(cfg, tmp_path))
+    argv = " ".join(server_argv(cfg.server, tmp_path))
     for flag in (
         "--nnodes 2",
         "--node-rank 1",

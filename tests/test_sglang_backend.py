@@ -38,7 +38,7 @@ def test_flags_from_yaml():
 
 def test_server_argv_and_env(tmp_path):
     cfg = compose(["experiment=kimi-k2.5", "output_dir=/o"])
-    argv = server_argv(cfg, tmp_path)
+    argv = server_argv(cfg.server, tmp_path)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     joined = " ".join(argv)
     for flag in (
@@ -51,7 +51,7 @@ def test_server_argv_and_env(tmp_path):
         "--chunked-prefill-size 16384",
     ):
         assert flag in joined
-    env = server_env(cfg, tmp_path / "dump", base={})
+    env = server_env(cfg.nccl, cfg.capture, tmp_path / "dump", base={})
     assert env["SGLANG_HS_DUMP_DIR"] == str(tmp_path / "dump") and env["SGLANG_HS_LAYERS"] == "3,31,59"
     assert env["SGLANG_HS_FINAL"] == "1" and env["SGLANG_HS_RID_PREFIX"] == "hsx-"
     assert env["NCCL_IB_DISABLE"] == "1"  # the nvlink-node preset
@@ -69,8 +69,8 @@ def test_server_argv_and_env(tmp_path):
 def test_enforced_flags(override):
     cfg = compose(["backend=sglang", "output_dir=/o", override])
     with pytest.raises(ValueError, match="CUDA graphs skip the Python hook"):
-        server_argv(cfg, ROOT)
-    server_argv(compose(["backend=sglang", "output_dir=/o", override, "server.allow_unsafe_flags=true"]), ROOT)
+        server_argv(cfg.server, ROOT)
+    server_argv(compose(["backend=sglang", "output_dir=/o", override, "server.allow_unsafe_flags=true"]).server, ROOT)
 
 
 def test_layer_zero_refused_for_sglang(tmp_path):

@@ -115,20 +115,18 @@ def test_tp_rank_1_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_attention_dp_layout(tmp_path):
-    """tp 4, dp-attention 2: attn-TP rank = tp_rank % 2; each DP group holds its own requests.
-    Exactly the attention-TP rank 0 of each group writes, and only that group's rows."""
-    dumps = []
-    for tp_rank in range(4):
-        attn_tp_rank, dp_rank = tp_rank % 2, tp_rank // 2
-        d = tmp_path / f"rank{tp_rank}"
-        d.mkdir()
-        hk = DumpHook(d, LAYERS, True, "hsx-", 1 << 30, is_writer=lambda r=attn_tp_rank: r == 0)
-        rids = [f"hsx-g{dp_rank}a", f"hsx-g{dp_rank}b"]
-        hk(*batch(ForwardMode.EXTEND, rids, [3, 4], [0, 0], seed=dp_rank))
+def test_the_trace_lists_what_each_writing_process_wrote(tmp_path):
+    """The GPU TP/DP proofs count writers from this trace (tests/gpu): one line per record written,
+    in the writing process's own file, and nothing from a rank that is not the writer."""
+    (tmp_path / "dump").mkdir()
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    for rank0 in (True, False):
+        hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda r=rank0: r, trace_dir=trace)
+        hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 5], orig=[3, 2, 9]))
         hk.flush()
-        dumps.append(sorted(r for r, _ in dumped(d)))
-    assert dumps == [["hsx-g0a", "hsx-g0b"], [], ["hsx-g1a", "hsx-g1b"], []]
+    files = list(trace.iterdir())
+    assert len(files) == 1 and files[0].read_text().split("\n") == ["hsx-a 0 3", "hsx-b 5 4", ""]
 
 
 def test_install_sets_exact_layers_and_no_plus_one(tmp_path):

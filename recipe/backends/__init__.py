@@ -1,19 +1,28 @@
-"""Backends compute the hidden states. Each one is a context manager chosen by `backend.name`:
+"""Backends compute the hidden states. `make_backend` picks one by `backend.name` from REGISTRY:
 
-    with make_backend(...) as backend:        # recipe.main.make_backend
+    with make_backend(cfg, model_dir, dump_dir, output_dir) as backend:
         backend.run(samples, packer, writer, rid_of, should_stop)
 
 `run` announces every sample to the packer (`expect`), has its states written through the capture
 writer into the dump directory, and tells the packer when each response arrived (`responded`) or
 failed (`fail`); leaving the block releases the model or stops the server.
+
+A registry rather than `_target_` nodes: the set is closed (each backend needs its own code path in
+the hook and the tests), the name is what users type (`backend=sglang`), and the table below says in
+one place which config nodes each backend is handed, which a `_target_` cannot.
 """
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 
 class Backend(Protocol):
+    @classmethod
+    def from_config(cls, model_dir: Path, dump_dir: Path, output_dir: Path, **nodes) -> "Backend": ...
+
     def run(self, samples: Iterable, packer, writer, rid_of: Callable, should_stop: Callable[[], bool]) -> None: ...
 
     def close(self) -> None: ...
@@ -21,3 +30,18 @@ class Backend(Protocol):
     def __enter__(self) -> "Backend": ...
 
     def __exit__(self, *exc) -> None: ...
+
+
+# backend.name -> (class, the top-level config nodes it is handed)
+REGISTRY = {
+    "hf": ("recipe.backends.hf:HFBackend", ("backend", "capture", "model")),
+    "sglang": ("recipe.backends.sglang:SGLangBackend", ("server", "client", "capture", "nccl")),
+}
+
+
+def make_backend(cfg, model_dir: Path, dump_dir: Path, output_dir: Path) -> Backend:
+    """The backend named by backend.name, handed only the config nodes REGISTRY lists for it."""
+    target, nodes = REGISTRY[cfg.backend.name]
+    module, name = target.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.from_config(model_dir, dump_dir, output_dir, **{n: cfg[n] for n in nodes})

@@ -7,7 +7,10 @@ decoder layer i = HF `output_hidden_states[i]` (0 = embeddings); the final slot 
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +32,30 @@ def batches(samples, max_tokens: int, max_size: int):
         yield batch
 
 
+def load_causal_lm(model_dir, dtype, **kw):
+    """A causal LM, or the language model inside a multimodal checkpoint (Kimi-K2.5: config under
+    `text_config`, weights under `language_model.`), which AutoModelForCausalLM does not open."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    outer = json.loads((Path(model_dir) / "config.json").read_text())
+    if "text_config" not in outer:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kw)
+    from safetensors.torch import load_file
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**outer["text_config"]), dtype=dtype, **kw)
+    state = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(
+            {k.removeprefix("language_model."): v for k, v in load_file(f).items() if k.startswith("language_model.")}
+        )
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{model_dir}: language_model.* weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    return model
+
+
 class HFBackend:
     def __init__(
         self,
@@ -42,20 +69,23 @@ class HFBackend:
         attn_implementation: str | None = None,
     ):
         import torch
-        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **kw).to(self.device).eval()
-        )
+        size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors")) / 1e9
+        log.info("loading %s (%.2f GB of weights) onto %s", model_dir, size, self.device)
+        t0 = time.monotonic()
+        self.model = load_causal_lm(model_dir, getattr(torch, dtype), **kw).to(self.device).eval()
+        log.info("model loaded in %.1f s", time.monotonic() - t0)
         self.num_layers = self.model.config.num_hidden_layers
         self.layers, self.final = list(layers), final
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
     @classmethod
-    def from_config(cls, backend, capture, model, model_dir) -> "HFBackend":
+    def from_config(cls, model_dir, dump_dir, output_dir, *, backend, capture, model) -> "HFBackend":
+        """Reads the `backend`, `capture` and `model` nodes; writes through the recipe's writer, so the
+        dump and output folders are not its concern."""
         return cls(
             model_dir,
             list(capture.layers),

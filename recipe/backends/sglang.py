@@ -77,34 +77,36 @@ def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
         log.warning("attention-DP: one writer per DP group (attention-TP rank 0); verified on CPU only")
 
 
-def server_argv(cfg, model_dir: Path) -> list[str]:
-    args = OmegaConf.to_container(cfg.server.args, resolve=True)
-    extra = list(cfg.server.extra_args)
-    check_flags(args, extra, cfg.server.allow_unsafe_flags)
+def server_argv(server, model_dir: Path) -> list[str]:
+    """The launch command from the `server` config node."""
+    args = OmegaConf.to_container(server.args, resolve=True)
+    extra = list(server.extra_args)
+    check_flags(args, extra, server.allow_unsafe_flags)
     return [
-        *cfg.server.command,
+        *server.command,
         "--model-path",
         str(model_dir),
         "--host",
-        cfg.server.host,
+        server.host,
         "--port",
-        str(cfg.server.port),
+        str(server.port),
         *to_flags(args),
         *extra,
     ]
 
 
-def server_env(cfg, dump_dir: Path, base=None) -> dict:
+def server_env(nccl, capture, dump_dir: Path, base=None) -> dict:
+    """The server's environment: the `nccl` node's variables and the hook's switches from `capture`."""
     env = dict(os.environ if base is None else base)
-    env.update({k: str(v) for k, v in OmegaConf.to_container(cfg.nccl.env, resolve=True).items()})
+    env.update({k: str(v) for k, v in OmegaConf.to_container(nccl.env, resolve=True).items()})
     env.update(
         sglang_hook.env_for(
             dump_dir,
-            list(cfg.capture.layers),
-            cfg.capture.final,
-            cfg.capture.rid_prefix,
-            int(cfg.capture.budget_gb * (1 << 30)),
-            cfg.capture.writer_queue,
+            list(capture.layers),
+            capture.final,
+            capture.rid_prefix,
+            int(capture.budget_gb * (1 << 30)),
+            capture.writer_queue,
         )
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -251,31 +253,40 @@ class Retry(Exception):
 
 
 class SGLangBackend:
-    def __init__(self, cfg, model_dir: Path, dump_dir: Path, run_dir: Path | None = None):
-        self.cfg = cfg
+    """Reads the `server`, `client`, `capture` and `nccl` config nodes, nothing else. `output_dir`
+    holds the record of the server it launched (a resume stops a leftover one); `run_dir` its log."""
+
+    def __init__(
+        self, model_dir: Path, dump_dir: Path, output_dir: Path, *, server, client, capture, nccl, run_dir=None
+    ):
+        self.opts, self.client = server, client
         self.dump_dir = dump_dir
-        self.url = f"http://{cfg.server.host}:{cfg.server.port}"
-        run_dir = Path(run_dir or hydra_run_dir() or Path(cfg.output_dir) / "logs")
+        self.url = f"http://{server.host}:{server.port}"
+        run_dir = Path(run_dir or hydra_run_dir() or Path(output_dir) / "logs")
         self.server = Server(
-            server_argv(cfg, model_dir),
-            server_env(cfg, dump_dir),
+            server_argv(server, model_dir),
+            server_env(nccl, capture, dump_dir),
             run_dir / "server.log",
             self.url,
-            cfg.server.ready_timeout_s,
-            pid_file=Path(cfg.output_dir) / ".server.json",
+            server.ready_timeout_s,
+            pid_file=Path(output_dir) / ".server.json",
         )
-        self.budget = int(cfg.capture.budget_gb * (1 << 30))
+        self.budget = int(capture.budget_gb * (1 << 30))
         self.restarts = 0
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
 
+    @classmethod
+    def from_config(cls, model_dir, dump_dir, output_dir, *, server, client, capture, nccl) -> "SGLangBackend":
+        return cls(model_dir, dump_dir, output_dir, server=server, client=client, capture=capture, nccl=nccl)
+
     def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
-        if self.cfg.server.launch:
+        if self.opts.launch:
             self.server.start()
         self.server.wait_ready()
         asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
 
     def close(self) -> None:
-        if self.cfg.server.launch:
+        if self.opts.launch:
             self.server.stop()
 
     def __enter__(self) -> "SGLangBackend":
@@ -286,7 +297,7 @@ class SGLangBackend:
 
     # -- client --------------------------------------------------------------------------------
     async def _send_all(self, samples, packer, rid_of, should_stop) -> None:
-        c = self.cfg.client
+        c = self.client
         self._restart_lock = asyncio.Lock()
         sem = asyncio.Semaphore(c.concurrency)
         limits = httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency)
@@ -300,7 +311,7 @@ class SGLangBackend:
                         await self._wait_budget()
                         await self._one(http, s, packer, rid_of)
 
-            watchdog = asyncio.create_task(self._watchdog(http)) if self.cfg.server.launch else None
+            watchdog = asyncio.create_task(self._watchdog(http)) if self.opts.launch else None
             try:
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
             finally:
@@ -310,7 +321,7 @@ class SGLangBackend:
     async def _watchdog(self, http) -> None:
         """A server that stops answering (alive but hung) is killed; in-flight requests then fail and
         are re-sent after the restart, like after a crash."""
-        s, misses = self.cfg.server, 0
+        s, misses = self.opts, 0
         while True:
             await asyncio.sleep(s.health_every_s)
             if not self.server.alive() or self._restart_lock.locked():
@@ -338,7 +349,7 @@ class SGLangBackend:
         self.stats["budget_wait_s"] += time.monotonic() - t0
 
     async def _one(self, http, s, packer, rid_of) -> None:
-        c = self.cfg.client
+        c = self.client
         base = rid_of(s)
         for attempt in range(c.retries + 1):
             rid = base if attempt == 0 else f"{base}-r{attempt}"
@@ -379,19 +390,19 @@ class SGLangBackend:
     async def _ensure_server(self) -> None:
         """A dead server is restarted (up to server.max_restarts); past that the run stops."""
         async with self._restart_lock:
-            if not self.cfg.server.launch or self.server.alive():
+            if not self.opts.launch or self.server.alive():
                 return
-            if self.restarts >= self.cfg.server.max_restarts:
+            if self.restarts >= self.opts.max_restarts:
                 raise ServerError(
                     f"server died {self.restarts + 1} times (server.max_restarts="
-                    f"{self.cfg.server.max_restarts}):\n{self.server.log_tail()}"
+                    f"{self.opts.max_restarts}):\n{self.server.log_tail()}"
                 )
             self.restarts += 1
             log.error(
                 "server died (exit %s); restart %d/%d\n%s",
                 self.server.proc.returncode,
                 self.restarts,
-                self.cfg.server.max_restarts,
+                self.opts.max_restarts,
                 self.server.log_tail(20),
             )
             self.server.stop()

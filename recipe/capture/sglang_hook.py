@@ -32,6 +32,7 @@ ENV_PREFIX = "SGLANG_HS_RID_PREFIX"
 ENV_BUDGET = "SGLANG_HS_BUDGET_BYTES"
 ENV_QUEUE = "SGLANG_HS_QUEUE"
 ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but write nothing
+ENV_TRACE = "SGLANG_HS_TRACE"  # a folder: each writing process lists what it wrote (the TP/DP proofs)
 
 
 def env_for(dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4) -> dict:
@@ -71,6 +72,7 @@ def install(model, env=os.environ):
         int(env.get(ENV_BUDGET, str(8 << 30))),
         int(env.get(ENV_QUEUE, "4")),
         write=env.get(ENV_NO_WRITE, "0") != "1",
+        trace_dir=env.get(ENV_TRACE) or None,
     )
     log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
     return hook
@@ -84,6 +86,9 @@ def sglang_writer_rank() -> bool:
 
 
 class DumpHook:
+    """Selects the passes to dump and snapshots them; HostCopy moves them off the GPU and
+    WriterThread writes them, so the forward pass never waits for the disk."""
+
     def __init__(
         self,
         dump_dir,
@@ -94,15 +99,14 @@ class DumpHook:
         queue_size: int = 4,
         is_writer=sglang_writer_rank,
         write: bool = True,
+        trace_dir=None,
     ):
-        self.layers, self.final, self.prefix, self.write = list(layers), final, rid_prefix, write
-        self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix)
+        self.layers, self.final, self.prefix = list(layers), final, rid_prefix
+        self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix, trace_dir=trace_dir)
         self._is_writer = is_writer
         self._writer_rank: bool | None = None
-        self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
-        self._stream = None
-        self._thread = threading.Thread(target=self._drain, name="hs-dump-writer", daemon=True)
-        self._thread.start()
+        self.copy = HostCopy()
+        self.thread = WriterThread(self.writer, rid_prefix, queue_size, write)
         atexit.register(self.close)
 
     # -- in the forward pass -------------------------------------------------------------------
@@ -146,30 +150,62 @@ class DumpHook:
         ids = fb.input_ids[:T].clone()
         orig = getattr(fb, "orig_seq_lens", None)
         orig = orig.clone() if orig is not None else None
-        if stacked.is_cuda:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(device=stacked.device)
-            main = torch.cuda.current_stream(stacked.device)
-            self._stream.wait_stream(main)
-            with torch.cuda.stream(self._stream):
-                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                host_ids = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-                host_ids.copy_(ids, non_blocking=True)
-                host_orig = None
-                if orig is not None:
-                    host_orig = torch.empty(orig.shape, dtype=orig.dtype, pin_memory=True)
-                    host_orig.copy_(orig, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._stream)
-            # the caching allocator must not hand these to the next kernel before the copy ran
-            for t in (stacked, ids) + ((orig,) if orig is not None else ()):
-                t.record_stream(self._stream)
-        else:
-            host, host_ids, host_orig, done = stacked, ids, orig, None
-        self.queue.put((done, rids, pre, ext, host_ids, host, host_orig))  # blocks only when the writer is behind
+        done, (host, host_ids, host_orig) = self.copy([stacked, ids, orig])
+        self.thread.put((done, rids, pre, ext, host_ids, host, host_orig))  # blocks only when the writer is behind
 
-    # -- the writer thread ---------------------------------------------------------------------
+    def flush(self) -> None:
+        self.thread.flush()
+
+    def close(self) -> None:
+        self.thread.close()
+
+
+class HostCopy:
+    """GPU tensors -> pinned host tensors, copied on a side stream that waits for the forward's
+    work so far; returns the event that marks the copy done (None: already on the host)."""
+
+    def __init__(self):
+        self._stream = None
+
+    def __call__(self, tensors):
+        import torch
+
+        first = tensors[0]
+        if not first.is_cuda:
+            return None, list(tensors)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=first.device)
+        self._stream.wait_stream(torch.cuda.current_stream(first.device))
+        out = []
+        with torch.cuda.stream(self._stream):
+            for t in tensors:
+                if t is None:
+                    out.append(None)
+                    continue
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                out.append(host)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        # the caching allocator must not hand these to the next kernel before the copy ran
+        for t in tensors:
+            if t is not None:
+                t.record_stream(self._stream)
+        return done, out
+
+
+class WriterThread:
+    """A bounded queue of copied passes and the thread that writes them as raw records."""
+
+    def __init__(self, writer: CaptureWriter, rid_prefix: str, queue_size: int, write: bool = True):
+        self.writer, self.prefix, self.write = writer, rid_prefix, write
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
+        self._thread = threading.Thread(target=self._drain, name="hs-dump-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, item) -> None:
+        self.queue.put(item)
+
     def _drain(self) -> None:
         while True:
             item = self.queue.get()

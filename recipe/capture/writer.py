@@ -8,6 +8,7 @@ row order, each one's prefix length (where this piece starts in the prompt) and 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -36,8 +37,11 @@ def as_i32(x) -> np.ndarray:
 
 
 class CaptureWriter:
-    def __init__(self, dump_dir: str | Path, budget_bytes: int, rid_prefix: str, poll_s: float = 0.02):
+    def __init__(self, dump_dir: str | Path, budget_bytes: int, rid_prefix: str, poll_s: float = 0.02, trace_dir=None):
         self.dump_dir = Path(dump_dir)
+        # trace_dir: one file per writing process, a line per record: who wrote what, which the
+        # dump itself cannot show (two TP ranks writing the same record leave one file)
+        self.trace = Path(trace_dir) / f"writer-{os.getpid()}.txt" if trace_dir else None
         self.budget_bytes = int(budget_bytes)
         self.rid_prefix = rid_prefix
         self.poll_s = poll_s
@@ -79,6 +83,9 @@ class CaptureWriter:
                 hid[a:b],
                 None if lasts is None else bool(lasts[i]),
             )
+        if self.trace is not None and ours:
+            with open(self.trace, "a") as f:
+                f.writelines(f"{rids[i]} {int(prefix_lens[i])} {starts[i + 1] - starts[i]}\n" for i in ours)
         return written
 
     def write_error(self, rid: str, reason: str) -> None:
