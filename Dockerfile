@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The recipe's image: a pinned SGLang with the hidden-state dump patch applied, and the recipe.
 #   docker compose build            # or: docker build -t hs-recipe .
+# CI builds the same file on a CPU base made locally (docker/cpu-base.sh; .ci/docker-stage.sh):
+#   docker build --build-arg BASE_IMAGE=hs-recipe-cpu-base:bookworm-sglang0.5.16 --build-arg SMOKE_FLAGS= .
 # Every pin is in this block. For a reproducible build pin the base by digest:
 #   docker buildx imagetools inspect lmsysorg/sglang:v0.5.16-cu130   -> sha256:...
 #   docker build --build-arg BASE_IMAGE=lmsysorg/sglang@sha256:<digest> .
@@ -12,6 +14,9 @@ FROM ${BASE_IMAGE}
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.16-cu130
 ARG SGLANG_VERSION=0.5.16
 ARG RECIPE_VERSION=0.1.0
+# --import: the patched modules must import (needs SGLang's CUDA dependencies; the CPU base has only
+# SGLang's files, so CI sets it empty and checks the patch without importing)
+ARG SMOKE_FLAGS=--import
 
 LABEL org.opencontainers.image.title="hs-recipe" \
       org.opencontainers.image.description="Hidden-state extraction for EAGLE-3 draft training (patched SGLang)" \
@@ -24,23 +29,25 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/hs-recipe
 COPY pyproject.toml README.md ./
 COPY recipe/ recipe/
+
+# Install the recipe without moving any of the image's pins (SGLang 0.5.16 breaks with a newer
+# transformers; torch is the image's CUDA build): every package already in the image is a constraint.
+# (Before the patches and tests are copied: changing those does not redo this layer.)
+RUN python3 -m pip freeze | grep -v -e '@' -e '^-e' > /tmp/image-pins.txt \
+ && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf,test]"
+
 COPY conf/ conf/
 COPY patches/ patches/
 COPY tests/ tests/
 
-# Install the recipe without moving any of the image's pins (SGLang 0.5.16 breaks with a newer
-# transformers; torch is the image's CUDA build): every package already in the image is a constraint.
-RUN python3 -m pip freeze | grep -v -e '@' -e '^-e' > /tmp/image-pins.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf,test]" \
- && python3 -m recipe.patch pins --sglang-version "${SGLANG_VERSION}"
-
-# Patch SGLang: check first (fails loudly on any drift), apply, record, then import the patched
-# modules and confirm the hook is wired in.
-RUN SITE="$(python3 -m recipe.patch site)" \
+# Patch SGLang: the installed version is the pinned one with patches for it; check first (fails
+# loudly on any drift), apply, record, then import the patched modules and confirm the hook is wired in.
+RUN python3 -m recipe.patch pins --sglang-version "${SGLANG_VERSION}" \
+ && SITE="$(python3 -m recipe.patch site)" \
  && python3 -m recipe.patch check --site-packages "${SITE}" --version "${SGLANG_VERSION}" \
  && python3 -m recipe.patch apply --site-packages "${SITE}" --version "${SGLANG_VERSION}" \
  && python3 -m recipe.patch status --site-packages "${SITE}" > /opt/hs-recipe/PATCH_STATUS.json \
- && python3 -m recipe.patch smoke --site-packages "${SITE}" --import
+ && python3 -m recipe.patch smoke --site-packages "${SITE}" ${SMOKE_FLAGS}
 
 ENV PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
 ENTRYPOINT ["python3", "-m", "recipe"]

