@@ -209,7 +209,7 @@ def main() -> int:
         t0 = time.monotonic()
         try:
             r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *MUTATIONS[n][3]],
+                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *MUTATIONS[n][3]],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,

@@ -141,6 +141,7 @@ def test_changes_that_keep_the_samples_the_same_may_resume(tmp_path):
     exactly_once(tmp_path / "out", 9)
 
 
+@pytest.mark.slow
 def test_kill_9_in_the_first_run_then_another_config_is_refused_with_one_message(tmp_path):
     p = recipe_cli(
         tmp_path, "capture.layers=[1,3]", "data.limit=40", "backend.batch_size=1", "shards.commit_every=1", wait=False
@@ -258,6 +259,7 @@ needs_unshare = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_unshare
 def test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder(tmp_path):
     """A runs in this namespace (its PID does not exist in B's); B is PID 1 of its own. Both share the
@@ -275,6 +277,7 @@ def test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder(tm
     exactly_once(tmp_path / "b", 8)
 
 
+@pytest.mark.slow
 @needs_unshare
 def test_a_killed_pid_1_runs_folder_is_removed_by_the_next_run(tmp_path):
     p = in_new_pid_namespace(tmp_path, "a", "data.limit=40", "backend.batch_size=1")
@@ -294,6 +297,7 @@ def test_a_killed_pid_1_runs_folder_is_removed_by_the_next_run(tmp_path):
 # --- a launched server never outlives its run ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_takes_the_server_along_and_the_resume_finishes(tmp_path):
     from test_sglang_backend import free_port
 

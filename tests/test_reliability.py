@@ -105,7 +105,7 @@ def test_kill_9_at_random_points_then_resume(tmp_path, full_run_s):
     assert partial >= 5, f"only {partial} kills landed after a commit: the test would prove little"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT])
 def test_sigterm_sigint_stop_gracefully_then_resume(tmp_path, sig):
     ids = expected_ids(tmp_path)
     out = tmp_path / "out"
@@ -203,6 +203,7 @@ def test_output_disk_full_stops_cleanly_and_resumes(tmp_path, monkeypatch):
     assert verify(tmp_path / "o") == []
 
 
+@pytest.mark.slow
 def test_hung_server_is_detected_and_restarted(tmp_path, monkeypatch):
     from test_sglang_backend import sg_cfg
 
