@@ -358,8 +358,8 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
 
 
 def resume_command(cfg) -> str:
-    """The command that resumes this run: its own overrides, with output_dir pinned (a default
-    output_dir is per invocation)."""
+    """The command that resumes this run: its own overrides, with output_dir pinned (the default is
+    already stable; pinned, the command also works from another directory)."""
     import shlex
 
     args = [a for a in sys.argv[1:] if not a.startswith(("output_dir=", "-m", "--multirun"))]

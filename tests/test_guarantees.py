@@ -279,6 +279,28 @@ def test_enospc_at_each_step_then_resume_exactly_once(tmp_path, monkeypatch, op,
     assert verify(tmp_path / "out") == [] and len(set(ShardReader(tmp_path / "out").ids)) == 10
 
 
+def test_a_full_disk_mid_frame_is_reported_as_the_full_disk():
+    """The sink fails inside zstd's stream: the OSError must come out (the packer turns it into a clean
+    stop and a resume), not zstd's complaint about the cut-short frame (which the packer would take for
+    a bug). Seen in CI, where the real full-filesystem test hit ENOSPC mid-frame."""
+
+    class FullAfterOneWrite:
+        def __init__(self):
+            self.writes = 0
+
+        def write(self, b):
+            self.writes += 1
+            if self.writes > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(b)
+
+    hidden = torch.randn(4096, 4, 256).to(torch.bfloat16).view(torch.int16).numpy()  # 8 MiB: many stream writes
+    tensors = {"input_ids": ("int32", np.arange(4096, dtype=np.int32)), "hidden": ("bfloat16", hidden)}
+    with pytest.raises(OSError) as e:
+        Codec(1, "byteplane", True).encode_to(FullAfterOneWrite(), {"id": "x"}, tensors)
+    assert e.value.errno == errno.ENOSPC
+
+
 def test_enospc_on_the_index_write_then_resume_exactly_once(tmp_path, monkeypatch):
     from recipe.shards import store as store_mod
 

@@ -122,10 +122,13 @@ class Codec:
             off += nbytes
         header = json.dumps({"v": FORMAT_VERSION, "meta": meta, "tensors": specs}, separators=(",", ":")).encode()
         # streamed into one frame and on into the sink: no joined copy of the body or the frame
-        with self.compressor().stream_writer(sink, size=4 + len(header) + off, write_size=1 << 20, closefd=False) as w:
-            w.write(struct.pack("<I", len(header)) + header)
-            for p in parts:
-                w.write(memoryview(p))
+        w = self.compressor().stream_writer(sink, size=4 + len(header) + off, write_size=1 << 20, closefd=False)
+        w.write(struct.pack("<I", len(header)) + header)
+        for p in parts:
+            w.write(memoryview(p))
+        # Closed only when complete: if the sink failed (a full disk), closing the cut-short frame would
+        # raise zstd's "Src size is incorrect" and hide the OSError that the packer turns into a clean stop.
+        w.close()
 
 
 def decode(frame: bytes, crc32: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
