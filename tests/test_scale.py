@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, compose
 
 from recipe.backends.sglang import server_argv
@@ -55,7 +56,21 @@ def test_sweep_then_merge_equals_one_run(tmp_path, single):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["duplicates"] == 0
     assert verify(tmp_path / "merged") == []
-    assert frames(tmp_path / "merged") == frames(single)  # same ids, same bytes
+    # merge copies every frame of the job outputs byte for byte
+    merged, parts = frames(tmp_path / "merged"), {}
+    for s in sets:
+        parts.update(frames(s))
+    assert merged.keys() == parts.keys() and all(merged[k] == parts[k] for k in parts)
+    # and the two jobs computed the same samples as one run: ids and masks exactly, states to bf16
+    # rounding (a CPU forward is not bit-reproducible across processes: seen once in CI, 1 of 10
+    # samples off by rel 0.0026)
+    one, both = ShardReader(single), ShardReader(tmp_path / "merged")
+    assert sorted(one.ids) == sorted(both.ids)
+    for i in one.ids:
+        a, b = one.get(i), both.get(i)
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        x, y = a["hidden"].float(), b["hidden"].float()
+        assert ((x - y).norm() / x.norm()).item() <= 1e-2, i
     m = json.loads((tmp_path / "merged" / "manifest.json").read_text())
     assert m["counts"]["input"] == 10 and m["counts"]["ok"] == 10 and len(m["merged_from"]) == 2
 
