@@ -49,6 +49,18 @@ def compose(overrides=()):
         return hcompose(config_name="config", overrides=list(overrides), return_hydra_config=False)
 
 
+def recipe_cli(tmp, *args, timeout=300):
+    """`python -m recipe ARGS` in a subprocess with cwd=tmp and its dumps under tmp/shm."""
+    return subprocess.run(
+        [sys.executable, "-m", "recipe", *args, f"capture.dump_dir={tmp / 'shm'}"],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 def small_run_cfg(tmp, *extra, limit=8):
     """The embedded default on `limit` records, writing under tmp (out/, shm/)."""
     return compose(

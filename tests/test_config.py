@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, compose
+from conftest import ROOT, compose, recipe_cli
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -77,24 +77,9 @@ def test_cfg_job_prints_the_resolved_config():
 
 def test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock(tmp_path):
     """Running the same command again resumes: same folder. Another capture: another folder."""
-    env = {**__import__("os").environ, "HYDRA_FULL_ERROR": "1"}
 
     def recipe(*args):
-        p = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "recipe",
-                "data.limit=3",
-                "log_every_s=1000",
-                f"capture.dump_dir={tmp_path}/shm",
-                *args,
-            ],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env={**env, "PYTHONPATH": str(ROOT)},
-        )
+        p = recipe_cli(tmp_path, "data.limit=3", "log_every_s=1000", *args)
         assert p.returncode == 0, p.stderr[-2000:]
         return p.stdout + p.stderr
 

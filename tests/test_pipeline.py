@@ -4,23 +4,12 @@ import json
 import subprocess
 import sys
 
+from conftest import recipe_cli
+
 
 def test_embedded_default_then_verify(tmp_path):
     out = tmp_path / "x"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recipe",
-            f"output_dir={out}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            f"capture.dump_dir={tmp_path / 'shm'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = recipe_cli(tmp_path, f"output_dir={out}", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "input 40 = ok 40" in r.stderr + r.stdout
     v = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(out)], capture_output=True, text=True)
@@ -38,22 +27,13 @@ def test_bad_input_is_accounted_and_the_run_goes_on(tmp_path):
     ]
     data.write_text("\n".join(good[:3] + ["{oops", json.dumps({"prompt": 3})] + good[3:]) + "\n")
     out = tmp_path / "o"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recipe",
-            "data=jsonl",
-            f"data.sources=[{data}]",
-            "data.max_failures=2",
-            f"output_dir={out}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            f"capture.dump_dir={tmp_path / 'shm'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = recipe_cli(
+        tmp_path,
+        "data=jsonl",
+        f"data.sources=[{data}]",
+        "data.max_failures=2",
+        f"output_dir={out}",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     c = json.loads((out / "manifest.json").read_text())["counts"]
