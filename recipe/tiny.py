@@ -146,7 +146,7 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
     """Build model + tokenizer into dest (default: the cache) once; atomic, so a crash leaves nothing."""
     if name not in SPECS:
         raise ValueError(f"unknown built-in model {name!r}; have {sorted(SPECS)}")
-    dest = Path(dest) if dest else cache_dir() / f"{name}-v2"  # v2: norm weights != 1
+    dest = Path(dest) if dest else cache_dir() / f"{name}-v3"  # v2: norm weights != 1; v3: per-expert names
     if (dest / "config.json").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets" / "kimi"
@@ -178,6 +179,21 @@ def write_tiny_kimi(dest: Path, language_model) -> None:
         "torch_dtype": "bfloat16",
     }
     (dest / "config.json").write_text(json.dumps(config, indent=2))
-    weights = {"language_model." + k: t.contiguous() for k, t in language_model.state_dict().items()}
+    weights = {"language_model." + k: t for k, t in checkpoint_tensors(language_model).items()}
     weights.update(vision_weights(text["hidden_size"]))
     save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+
+
+def checkpoint_tensors(model) -> dict:
+    """The model's tensors under its checkpoint names. Not `state_dict()`: transformers 5 holds MoE
+    experts fused (`mlp.experts.gate_up_proj`), while checkpoints, the real Kimi-K2.5 included, name
+    each expert (`mlp.experts.0.gate_proj.weight`). SGLang does not load the fused names, and a tiny
+    checkpoint with them served an MoE without its experts; save_pretrained writes checkpoint names."""
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tensors = {}
+        for f in sorted(Path(tmp).glob("*.safetensors")):
+            tensors.update(load_file(f))
+    return tensors

@@ -2,6 +2,7 @@
 with the HF backend. The same checkpoint is served by SGLang's Kimi wrapper in tests/gpu."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -51,12 +52,41 @@ def test_the_layout_is_kimi_k25s(kimi_dir):
     with safe_open(kimi_dir / "model.safetensors", "pt") as st:
         keys = list(st.keys())
     assert {k.split(".")[0] for k in keys} == {"language_model", "vision_tower", "mm_projector"}
-    assert "language_model.model.layers.1.mlp.experts.0.gate_proj.weight" in keys or any(
-        k.startswith("language_model.model.layers.1.mlp.experts") for k in keys
-    )
+    # each routed expert under its own name, as in the real checkpoint (and what SGLang loads);
+    # transformers 5's in-memory fused names (`experts.gate_up_proj`) served an MoE without experts
+    n_experts = cfg["text_config"]["n_routed_experts"]
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        for e in range(n_experts):
+            assert f"language_model.model.layers.1.mlp.experts.{e}.{proj}.weight" in keys
+    assert not [k for k in keys if ".experts.gate_up_proj" in k or k.endswith(".experts.down_proj")]
     assert "vision_tower.encoder.blocks.0.wqkv.weight" in keys and "mm_projector.proj.2.weight" in keys
     tc = json.loads((kimi_dir / "tokenizer_config.json").read_text())
     assert tc["auto_map"]["AutoTokenizer"][0] == "tokenization_kimi.TikTokenTokenizer"
+
+
+def test_hf_reads_the_language_model_out_of_the_kimi_layout(kimi_dir, tmp_path):
+    """The HF reference the GPU proof compares SGLang with: every language weight of the Kimi layout
+    lands where the tiny DeepSeek-V3 it was written from has it, and a weight that does not fit fails."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from recipe.backends.hf import load_causal_lm
+    from recipe.tiny import make_model
+
+    got = load_causal_lm(kimi_dir, torch.bfloat16).state_dict()
+    want = make_model("tiny-deepseek-v3").state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    broken = tmp_path / "tiny-kimi-broken"
+    shutil.copytree(kimi_dir, broken)
+    tensors = load_file(kimi_dir / "model.safetensors")
+    for gone, says in [
+        ("language_model.model.layers.1.self_attn.o_proj.weight", "missing .*o_proj"),
+        ("language_model.model.layers.1.mlp.experts.3.up_proj.weight", "conversion of the weights"),
+    ]:
+        save_file({k: t for k, t in tensors.items() if k != gone}, broken / "model.safetensors")
+        with pytest.raises(RuntimeError, match=says):
+            load_causal_lm(broken, torch.bfloat16)
 
 
 def test_the_tokenizer_loads_only_through_remote_code(kimi_dir, kimi_tok):

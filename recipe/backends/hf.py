@@ -36,22 +36,33 @@ def load_causal_lm(model_dir, dtype, **kw):
     """A causal LM, or the language model inside a multimodal checkpoint (Kimi-K2.5: config under
     `text_config`, weights under `language_model.`), which AutoModelForCausalLM does not open."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     outer = json.loads((Path(model_dir) / "config.json").read_text())
     if "text_config" not in outer:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kw)
-    from safetensors.torch import load_file
-
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**outer["text_config"]), dtype=dtype, **kw)
-    state = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        state.update(
-            {k.removeprefix("language_model."): v for k, v in load_file(f).items() if k.startswith("language_model.")}
+    # transformers' own loader, not load_state_dict: it turns the checkpoint's per-expert names into
+    # the fused experts its MoE modules hold. The vision tower is not ours to load: its keys are
+    # expected leftovers, and the load report listing them is silenced.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            config=AutoConfig.for_model(**outer["text_config"]),
+            dtype=dtype,
+            key_mapping={r"^language_model\.": ""},
+            output_loading_info=True,
+            **kw,
         )
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    foreign = [k for k in info["unexpected_keys"] if not k.startswith(("vision_tower.", "mm_projector."))]
+    if info["missing_keys"] or foreign or info["mismatched_keys"]:
         raise RuntimeError(
-            f"{model_dir}: language_model.* weights do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            f"{model_dir}: language_model.* weights do not fit {type(model).__name__}: "
+            f"missing {sorted(info['missing_keys'])[:3]}, unexpected {sorted(foreign)[:3]}, "
+            f"mismatched {list(info['mismatched_keys'])[:3]}"
         )
     return model
 
