@@ -1,12 +1,13 @@
 """Packer throughput on synthetic dumps (no GPU): raw MB/s through reassembly, validation, codec, store.
 
-  python bench/packer.py --samples 24 --workers 2 --out-dir /tmp/pk
+  python bench/packer.py --workers 1,2,4,8,16 --out-dir /dev/shm/pk     # the scaling table, one line per count
   python bench/packer.py --samples 160 --workers 2 --stream-budget-gb 1 --out-dir /tmp/pk   # memory over 12x the budget
 Each sample is a 8B-shaped record (tokens x 4 slots x 4096, bf16 ~ N(0, 0.05): compresses 1.50x with the
-default codec, real activations 1.45x, bench/codec.py); the dump dir is on /dev/shm. By default the dumps
-are written first, so only the packer is timed; with --stream-budget-gb a producer writes them while the
-packer runs, held to that budget as the server's hook is, and the RSS of the packer's processes is
-sampled throughout.
+default codec, real activations 1.45x, bench/codec.py), written as the SGLang hook writes it (byte
+planes, split on the GPU there); the dump dir is on /dev/shm. By default the dumps are written first, so
+only the packer is timed, over max(48, 12 x workers) samples unless --samples says; with
+--stream-budget-gb a producer writes them while the packer runs, held to that budget as the server's
+hook is, and the RSS of the packer's processes is sampled throughout.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recipe.capture import records  # noqa: E402
 from recipe.capture.writer import CaptureWriter  # noqa: E402
 from recipe.data import Sample  # noqa: E402
 from recipe.packer import Packer, Progress  # noqa: E402
@@ -44,11 +46,11 @@ def rss_bytes(pid: int) -> int:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--samples", type=int, default=0, help="default: max(48, 12 x workers)")
     ap.add_argument("--tokens", type=int, default=2300)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--slots", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workers", default="2", help="a count, or several: 1,2,4,8,16")
     ap.add_argument("--level", type=int, default=1)
     ap.add_argument("--transform", default="byteplane")
     ap.add_argument("--level-only", action="store_true", help="zstd --level instead of the entropy-only tuning")
@@ -58,6 +60,12 @@ def main():
     rng = np.random.default_rng(0)
     base = rng.standard_normal((a.tokens, a.slots, a.hidden), dtype=np.float32) * 0.05
     h = (base.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: realistic bit patterns
+    planes = records.split_words(h)  # what the hook hands the writer
+    for workers in [int(w) for w in a.workers.split(",")]:
+        print(json.dumps(one_run(a, workers, a.samples or max(48, 12 * workers), planes, rng)), flush=True)
+
+
+def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     dump = Path(tempfile.mkdtemp(dir="/dev/shm"))
     out = Path(a.out_dir)
     shutil.rmtree(out, ignore_errors=True)
@@ -65,13 +73,13 @@ def main():
         Sample(
             f"s{i}", rng.integers(0, 100000, a.tokens).astype(np.int32), np.ones(a.tokens, np.uint8), "b", key=f"k{i}"
         )
-        for i in range(a.samples)
+        for i in range(n_samples)
     ]
     w = CaptureWriter(dump, int(a.stream_budget_gb * (1 << 30)) or 1 << 40, "hsx-")
 
     def produce():
         for s in samples:
-            w.write_pass([f"hsx-{s.id}"], [0], [a.tokens], s.input_ids, h)
+            w.write_pass([f"hsx-{s.id}"], [0], [a.tokens], s.input_ids, planes)
 
     if not a.stream_budget_gb:
         produce()  # dumps first, so only the packer is timed
@@ -81,8 +89,8 @@ def main():
         store,
         Codec(a.level, a.transform, entropy_only=not a.level_only),
         [f"s{k}" for k in range(a.slots)],
-        workers=a.workers,
-        progress=Progress(a.samples, 1e9),
+        workers=workers,
+        progress=Progress(n_samples, 1e9),
     )
     for s in samples:
         packer.expect(f"hsx-{s.id}", s)
@@ -107,11 +115,12 @@ def main():
     shutil.rmtree(dump, ignore_errors=True)
     res = {
         "argv": sys.argv[1:],
-        "samples": a.samples,
+        "workers": workers,
+        "samples": n_samples,
         "raw_GB": round(tot["raw_bytes"] / 1e9, 3),
         "seconds": round(dt, 3),
         "raw_MB_per_s": round(tot["raw_bytes"] / dt / 1e6, 1),
-        "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / a.workers, 1),
+        "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / workers, 1),
         "ratio": round(tot["raw_bytes"] / tot["stored_bytes"], 4),
         "cpus": os.cpu_count(),
     }
@@ -128,8 +137,8 @@ def main():
             stream_budget_GB=a.stream_budget_gb,
             data_over_budget=round(tot["raw_bytes"] / (a.stream_budget_gb * 2**30), 1),
         )
-    print(json.dumps(res))
     shutil.rmtree(out, ignore_errors=True)
+    return res
 
 
 if __name__ == "__main__":

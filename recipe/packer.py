@@ -3,10 +3,13 @@
 Per sample, in stages:
   scan      (packer thread)  find the raw pieces of each announced request; hand it on once the pieces
                              cover the whole prompt [0, n) *and* the server has answered
-  assemble  (worker process) read the pieces, in order, straight into one [T, slots, H] array
-  validate  (worker)         token ids equal what was sent; no NaN/Inf; no all-zero slot
-  encode    (worker)         byte planes, then one zstd frame (recipe.shards.codec)
-  append    (worker)         the frame goes to the end of the worker's own shard file
+  assemble  (worker process) the pieces' headers and token ids, in prompt order
+  validate  (worker)         token ids equal what was sent
+  encode    (worker)         the byte planes (split on the GPU) stream block by block from the pieces
+                             into the record: the high plane through zstd, the low plane raw
+                             (recipe.shards.codec); each block is checked for NaN/Inf and all-zero
+                             slots on the way, and a refused sample's bytes are cut off the shard again
+  append    (worker)         the record goes to the end of the worker's own shard file
   commit    (committer thread) fsync those shards, then append and fsync the index lines; only then
                              are the sample's raw pieces deleted. Its own thread: dispatching goes on
                              while the disk syncs
@@ -26,7 +29,6 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import struct
 import threading
 import time
 import traceback
@@ -38,7 +40,7 @@ import numpy as np
 
 from .capture import records
 from .procs import die_with_parent
-from .shards.codec import Codec, split_into
+from .shards.codec import Codec, RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -85,71 +87,109 @@ class Progress:
 
 
 # -- the worker's stages (run in the worker processes; plain functions, tested directly) -------
-def check_planes(hi: np.ndarray, lo: np.ndarray) -> str | None:
-    """hi/lo byte planes [T, slots, H] of bf16 words: a reason if any value is NaN/Inf or any slot
-    is all zeros. Works on the high bytes (sign + 7 exponent bits), one byte per value; the low
-    plane is read only where the high byte leaves it open."""
-    mag = np.bitwise_and(hi, 0x7F)
-    peak = mag.max(axis=(0, 2))
-    if (peak == 0x7F).any():  # exponent bits 7..1 all set: Inf/NaN iff exponent bit 0 (lo's top bit) is too
-        top = mag == 0x7F
-        if (lo[top] >= 0x80).any():
-            return "non_finite"
-    for s in np.flatnonzero(peak == 0):  # every exponent tiny: all-zero iff the low bytes are 0 too
-        if not lo[:, s].any():
+class PlaneCheck:
+    """No NaN/Inf and no all-zero slot, decided on byte planes as they stream past in row blocks:
+    high plane first, then the low one. The high byte holds the sign and 7 exponent bits; the low
+    plane is looked at only where the high byte leaves the answer open."""
+
+    def __init__(self, slots: int):
+        self.peak = np.zeros(slots, np.uint8)  # per slot, the largest high byte without its sign
+        self.open: dict[int, np.ndarray] = {}  # row -> where exponent bits 7..1 are all set
+        self.nonzero = np.zeros(slots, bool)
+        self.bad: str | None = None
+
+    def high(self, row: int, hi: np.ndarray) -> None:  # hi: [k, slots, H] from `row`
+        mag = np.bitwise_and(hi, 0x7F)
+        peak = mag.max(axis=(0, 2))
+        np.maximum(self.peak, peak, out=self.peak)
+        if (peak == 0x7F).any():  # Inf/NaN iff exponent bit 0 (the low byte's top bit) is set too
+            self.open[row] = mag == 0x7F
+
+    def low(self, row: int, lo: np.ndarray) -> None:
+        top = self.open.get(row)
+        if top is not None:
+            if (lo[top] >= 0x80).any():
+                self.bad = self.bad or "non_finite"
+        zero = self.peak == 0  # high bytes all 0x00/0x80: the slot is all zero iff its low bytes are too
+        if zero.any():
+            self.nonzero[zero] |= lo[:, zero].any(axis=(0, 2))
+
+    def result(self) -> str | None:
+        if self.bad:
+            return self.bad
+        for s in np.flatnonzero((self.peak == 0) & ~self.nonzero):
             return f"all_zero_slot_{int(s)}"
-    return None
+        return None
+
+
+def check_planes(hi: np.ndarray, lo: np.ndarray) -> str | None:
+    """hi/lo byte planes [T, slots, H] of bf16 words, whole: a reason if any value is NaN/Inf or any
+    slot is all zeros."""
+    c = PlaneCheck(hi.shape[1])
+    c.high(0, hi)
+    c.low(0, lo)
+    return c.result()
 
 
 QUEUED = 2  # tasks per worker process at once
-BLOCK = 1 << 19  # words per read: the split happens while the block is in cache
-_planes: dict[str, np.ndarray] = {}  # per process: reused, so a sample costs no fresh pages
+BLOCK = 1 << 19  # bytes of a plane per read: each block is checked and coded while in cache
+_buf: list = []  # per process, reused: a sample costs no fresh pages
 
 
-def _buffer(name: str, size: int, dtype) -> np.ndarray:
-    b = _planes.get(name)
-    if b is None or b.size < size:
-        b = _planes[name] = np.empty(max(size, BLOCK), dtype)
-    return b[:size]
+@dataclass
+class Piece:
+    path: str
+    n: int  # tokens
+    base: int  # where its ids start; the high plane follows them, then the low plane
 
 
-def assemble(pieces: list[tuple[str, int]], n: int, slots: int, hidden: int):
-    """Read the pieces (path, tokens), in prompt order, into ids [n] and the hidden states' byte
-    planes hi, lo [n, slots, H]: block by block, so each word is touched once, in cache, and the
-    interleaved [n, slots, H] array is never materialised. The planes are views of this process's
-    reused buffers: valid until the next call."""
-    ids = np.empty(n, np.int32)
-    hi, lo = _buffer("hi", n * slots * hidden, np.uint8), _buffer("lo", n * slots * hidden, np.uint8)
-    buf, tmp = _buffer("buf", BLOCK, np.uint16), _buffer("tmp", BLOCK, np.uint16)
-    row = pos = 0
+def assemble(pieces: list[tuple[str, int]], n: int, slots: int, hidden: int) -> tuple[np.ndarray, list[Piece]]:
+    """The pieces (path, tokens), in prompt order: their headers checked against the sample and
+    their token ids read. The planes are not read here but streamed by `planes`."""
+    ids, out, row = np.empty(n, np.int32), [], 0
     for path, k in pieces:
+        h = records.read_header(Path(path))
+        if h["n"] != k or h["slots"] != slots or h["hidden"] != hidden or row + k > n:
+            raise ValueError(f"{path}: piece of {h['n']}x{h['slots']}x{h['hidden']} does not fit")
         with open(path, "rb", buffering=0) as f:
-            head = f.read(8)
-            (hlen,) = struct.unpack_from("<I", head, 4)
-            h = json.loads(f.read(hlen))
-            if h["n"] != k or h["slots"] != slots or h["hidden"] != hidden or row + k > n:
-                raise ValueError(f"{path}: piece of {h['n']}x{h['slots']}x{h['hidden']} does not fit")
+            f.seek(h["base"])
             f.readinto(memoryview(ids[row : row + k]).cast("B"))
-            end = pos + k * slots * hidden
-            while pos < end:
-                m = min(BLOCK, end - pos)
-                words = buf[:m]
-                f.readinto(memoryview(words).cast("B"))
-                split_into(words, hi[pos : pos + m], lo[pos : pos + m], tmp[:m])
-                pos += m
+        out.append(Piece(path, k, h["base"]))
         row += k
-    shape = (row, slots, hidden)
-    return ids[:row], hi[:pos].reshape(shape), lo[:pos].reshape(shape)
+    return ids[:row], out
 
 
-def validate(ids: np.ndarray, expected: np.ndarray, slots: int, hi, lo) -> str | None:
+def planes(pieces: list[Piece], which: int, slots: int, hidden: int):
+    """Yields (row, [k, slots, H] block) of one plane (0: high, 1: low) over all pieces in order,
+    read block by block into one reused buffer (valid until the next block)."""
+    width = slots * hidden
+    rows = max(1, BLOCK // width)
+    if not _buf or _buf[0].size < rows * width:
+        _buf[:] = [np.empty(rows * width, np.uint8)]
+    row = 0
+    for p in pieces:
+        fd = os.open(p.path, os.O_RDONLY)
+        try:
+            start = p.base + 4 * p.n + which * p.n * width
+            for r in range(0, p.n, rows):
+                k = min(rows, p.n - r)
+                block = _buf[0][: k * width]
+                if os.preadv(fd, [block], start + r * width) != block.size:
+                    raise ValueError(f"{p.path}: piece is shorter than its header says")
+                yield row + r, block.reshape(k, slots, hidden)
+        finally:
+            os.close(fd)
+        row += p.n
+
+
+def validate(ids: np.ndarray, expected: np.ndarray, slots: int, n_slots: int) -> str | None:
     if ids.shape[0] != expected.shape[0]:
         return f"token_count_mismatch ({ids.shape[0]} captured, {expected.shape[0]} sent)"
-    if hi.shape[1] != slots:
-        return f"slot_count_mismatch ({hi.shape[1]} captured, {slots} configured)"
+    if slots != n_slots:
+        return f"slot_count_mismatch ({slots} captured, {n_slots} configured)"
     if not np.array_equal(ids, expected):
         return "token_ids_mismatch"
-    return check_planes(hi, lo)
+    return None
 
 
 class ShardAppender:
@@ -159,31 +199,53 @@ class ShardAppender:
         self.fd, self.length, self.crc = fd, 0, 0
 
     def write(self, b) -> int:
-        view = memoryview(b).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
-        self.length += len(view)
-        while view:
-            view = view[os.write(self.fd, view) :]
+        self.writev([b])
         return len(b)
+
+    def writev(self, bufs) -> None:
+        views = [memoryview(b).cast("B") for b in bufs]
+        for v in views:
+            self.crc = zlib.crc32(v, self.crc)
+            self.length += len(v)
+        while views:
+            done = os.writev(self.fd, views[:1024])  # IOV_MAX
+            while views and done >= len(views[0]):
+                done -= len(views.pop(0))
+            if done:
+                views[0] = views[0][done:]
 
 
 def pack(task: dict, codec: Codec, sink) -> str | int:
-    """assemble -> validate -> encode into `sink`. Returns the raw bytes packed, or a failure reason."""
-    ids, hi, lo = assemble(task["pieces"], task["n"], task["slots"], task["hidden"])
-    bad = validate(ids, task["input_ids"], task["n_slots"], hi, lo)
+    """assemble -> validate -> encode into `sink`, checking the values as they stream past. Returns
+    the raw bytes packed, or a failure reason (the caller then drops what reached the sink)."""
+    n, slots, hidden = task["n"], task["slots"], task["hidden"]
+    ids, pieces = assemble(task["pieces"], n, slots, hidden)
+    bad = validate(ids, task["input_ids"], slots, task["n_slots"])
     if bad:
         return bad
     mask = task["loss_mask"]
-    codec.encode_to(
+    shape = (ids.shape[0], slots, hidden)
+    rec = RecordWriter(
+        codec,
         sink,
         task["meta"],
         {
-            "input_ids": ("int32", ids),
-            "loss_mask": ("uint8", mask),
-            "hidden": ("bfloat16", (hi.reshape(-1), lo.reshape(-1)), hi.shape),
+            "input_ids": ("int32", ids.shape, "none"),
+            "loss_mask": ("uint8", mask.shape, "none"),
+            "hidden": ("bfloat16", shape, "byteplane"),
         },
     )
-    return int(ids.nbytes + hi.nbytes + lo.nbytes + mask.nbytes)
+    rec.write(ids)
+    rec.write(mask)
+    check = PlaneCheck(slots)
+    for row, hi in planes(pieces, 0, slots, hidden):
+        check.high(row, hi)
+        rec.write(hi)
+    for row, lo in planes(pieces, 1, slots, hidden):
+        check.low(row, lo)
+        rec.write_tail(lo)
+    rec.close()
+    return check.result() or int(ids.nbytes + mask.nbytes + 2 * np.prod(shape))
 
 
 def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
@@ -204,6 +266,8 @@ def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
             out = ShardAppender(fd)
             res = pack(task, codec, out)
             if isinstance(res, str):
+                if out.length:  # refused after streaming: its bytes leave the shard again
+                    os.ftruncate(fd, size)
                 outbox.put((tid, "fail", res))
                 continue
             outbox.put((tid, "ok", (os.path.basename(path), size, out.length, out.crc, res)))
@@ -211,7 +275,9 @@ def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
         except OSError as e:  # e.g. ENOSPC: the packer stops the run, resume redoes the sample
             size = os.fstat(fd).st_size if fd is not None else 0
             outbox.put((tid, "oserror", (e.errno, e.strerror, e.filename)))
-        except Exception:
+        except Exception:  # a bug: the run stops loudly; the shard keeps only whole records
+            if fd is not None:
+                os.ftruncate(fd, size)
             outbox.put((tid, "error", traceback.format_exc()))
     if fd is not None:
         os.close(fd)

@@ -169,6 +169,24 @@ MUTATIONS = {
         "mask += [int(any(s < a and b <= e for s, e in spans))] * len(piece)",
         ["tests/test_kimi.py::test_multi_turn_masks_survive_a_template_that_drops_earlier_reasoning"],
     ),
+    "refused_bytes_left_in_shard": (  # a sample refused after streaming keeps its bytes in the shard
+        "recipe/packer.py",
+        "                if out.length:  # refused after streaming: its bytes leave the shard again",
+        "                if False:",
+        ["tests/test_roundtrip.py::test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_bytes"],
+    ),
+    "zero_slot_seen_in_first_block_only": (  # the low plane of later blocks never clears a zero slot
+        "recipe/packer.py",
+        "        if zero.any():",
+        "        if zero.any() and row == 0:",
+        ["tests/test_roundtrip.py::test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_bytes"],
+    ),
+    "frame_a_size_unchecked": (  # a short frame A read on into the raw tail
+        "recipe/shards/codec.py",
+        "        if zstd.frame_content_size(frame) != body:",
+        "        if False:",
+        ["tests/test_roundtrip.py::test_a_frame_a_that_disagrees_with_its_header_is_corrupt"],
+    ),
     "backend_gets_whole_config": (  # the registry hands a backend more than its own nodes
         "recipe/backends/__init__.py",
         "**{n: cfg[n] for n in nodes}",

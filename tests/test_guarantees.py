@@ -14,6 +14,7 @@ mutations these catch; tests/README.md lists them).
 """
 
 import errno
+import io
 import json
 import os
 import struct
@@ -355,8 +356,9 @@ def test_the_hook_snapshots_ids_before_sglang_refills_its_buffers(tmp_path):
 
 
 def doc_reader(root):
-    """Only what docs/FORMAT.md says: index lines -> pread -> one zstd frame -> u32 header_len,
-    JSON header, tensors at offsets; byteplane = all high bytes, then all low bytes."""
+    """Only what docs/FORMAT.md says: index lines -> pread -> the record's frames decompressed
+    across (stock zstd, not our raw-tail parser) -> u32 header_len, JSON header, tensors at
+    offsets; byteplane = all high bytes, then all low bytes."""
     out = {}
     for line in (root / "index.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -364,7 +366,7 @@ def doc_reader(root):
             f.seek(rec["offset"])
             frame = f.read(rec["length"])
         assert zlib.crc32(frame) == rec["crc32"]
-        body = zstandard.ZstdDecompressor().decompress(frame)
+        body = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(frame), read_across_frames=True).read()
         (hlen,) = struct.unpack("<I", body[:4])
         header = json.loads(body[4 : 4 + hlen])
         tensors = {}

@@ -254,6 +254,41 @@ def test_packer_failures_are_counted(tmp_path):
     assert dict(packer.failed) == {"token_ids_mismatch": 1, "non_finite": 1, "all_zero_slot_1": 1, "no_dump": 1}
 
 
+def test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_bytes(tmp_path, monkeypatch):
+    """The worker checks each read block of the planes on its way into the record (3 rows a block
+    here, samples in 3 pieces): a NaN/Inf or an all-zero slot anywhere is found, a slot that is zero
+    in some pieces only is not, and a refused sample's streamed bytes are cut off its shard again."""
+    import recipe.packer
+
+    monkeypatch.setattr(recipe.packer, "BLOCK", 3 * 2 * 8)  # before the workers fork
+    rng = np.random.default_rng(3)
+    s = [mk_sample(i, 30, rng) for i in range(5)]
+    H = [rng.integers(1, 30000, (30, 2, 8)).astype(np.uint16) for _ in s]
+    H[0][17, 1, 5] = 0x7FC0  # NaN in the second piece, mid-block
+    H[1][:, 0] = 0x8000  # -0.0 in slot 0 everywhere
+    H[2][:, 0] = 0
+    H[2][29, 0, 3] = 0x0080  # slot 0 zero but for one tiny value in the last row (high byte 0): fine
+    H[3][29, 1, 7] = 0xFF80  # -Inf, the very last value
+    store = ShardStore(tmp_path / "out", {"format": "t", "model_fingerprint": "m", "capture": {}})
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    packer = Packer(dump, store, Codec(), ["s0", "s1"], workers=1).start()
+    w = CaptureWriter(dump, 1 << 30, "hsx-")
+    for x, h in zip(s, H):
+        packer.expect("hsx-" + x.id, x)
+        for a, b in [(0, 11), (11, 23), (23, 30)]:
+            w.write_pass(["hsx-" + x.id], [a], [b - a], x.input_ids[a:b], h[a:b])
+        packer.responded("hsx-" + x.id)
+    r = finish(store, packer, tmp_path)
+    assert dict(packer.failed) == {"non_finite": 2, "all_zero_slot_0": 1}
+    assert sorted(r.ids) == ["s2", "s4"]
+    for i in (2, 4):
+        assert np.array_equal(r.get_numpy(f"s{i}")[1]["hidden"], H[i])
+    shards = {rec["shard"] for rec in r.records}
+    on_disk = sum((tmp_path / "out" / "shards" / name).stat().st_size for name in shards)
+    assert on_disk == sum(rec["length"] for rec in r.records)  # not a byte of the refused samples
+
+
 def test_capture_error_marker_fails_the_sample(tmp_path):
     rng = np.random.default_rng(2)
     s = mk_sample(0, 10, rng)
@@ -263,3 +298,65 @@ def test_capture_error_marker_fails_the_sample(tmp_path):
     finish(store, packer, tmp_path)
     assert dict(packer.failed) == {"capture_error": 1}
     assert "boom" in packer.examples["capture_error"][0]
+
+
+def test_record_layout_is_the_documented_one_and_v1_records_still_read():
+    """docs/FORMAT.md: frame A (compressed) then frame B (the low plane in raw 128 KiB blocks); stock
+    zstd decompressing across both gives the v1 body; a v1 record (one frame) decodes the same."""
+    import io
+    import struct
+
+    import zstandard
+
+    from recipe.shards.codec import RAW_BLOCK, decode
+
+    rng = np.random.default_rng(5)
+    for n in (RAW_BLOCK // 16, RAW_BLOCK // 16 * 2 + 3):  # low plane: exactly one block; two and a bit
+        h = rng.integers(0, 1 << 16, (n, 2, 8), dtype=np.uint16)
+        ids = np.arange(n, dtype=np.int32)
+        tensors = {"input_ids": ("int32", ids), "hidden": ("bfloat16", h)}
+        rec = Codec().encode({"id": "x"}, tensors)
+        tail = h.size
+        blocks = -(-tail // RAW_BLOCK)
+        frame_b = rec[len(rec) - (13 + 3 * blocks + tail) :]
+        assert frame_b[:5] == b"\x28\xb5\x2f\xfd\xe0" and struct.unpack("<Q", frame_b[5:13])[0] == tail
+        pos, sizes = 13, []
+        while pos < len(frame_b):  # 3-byte headers: size << 3 | type (0: raw) << 1 | last
+            word = int.from_bytes(frame_b[pos : pos + 3], "little")
+            sizes.append((word >> 3, (word >> 1) & 3, word & 1))
+            pos += 3 + (word >> 3)
+        full = [(RAW_BLOCK, 0, 0)] * (blocks - 1)
+        assert pos == len(frame_b) and sizes == full + [(tail - RAW_BLOCK * (blocks - 1), 0, 1)]
+        body = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(rec), read_across_frames=True).read()
+        (hlen,) = struct.unpack("<I", body[:4])
+        header = json.loads(body[4 : 4 + hlen])
+        assert header["v"] == 2 and header["tail"] == tail
+        words = h.reshape(-1)
+        planes = np.concatenate([(words >> 8).astype(np.uint8), (words & 0xFF).astype(np.uint8)]).tobytes()
+        assert body[4 + hlen :] == ids.tobytes() + planes
+        # the same body as a v1 record: one frame, no tail
+        header.update(v=1)
+        del header["tail"]
+        hb = json.dumps(header).encode()
+        v1 = zstandard.ZstdCompressor().compress(struct.pack("<I", len(hb)) + hb + ids.tobytes() + planes)
+        for r in (rec, v1):
+            meta, got = decode(r)
+            assert meta == {"id": "x"} and np.array_equal(got["hidden"], h) and np.array_equal(got["input_ids"], ids)
+
+
+def test_a_frame_a_that_disagrees_with_its_header_is_corrupt():
+    """zstd's reader would run on from frame A into frame B: a record whose frame A is short of what
+    its header describes must be refused, not read with low bytes as high ones."""
+    import struct
+
+    import zstandard
+
+    from recipe.shards.codec import decode
+
+    h = np.arange(64, dtype=np.uint16).reshape(4, 2, 8)
+    rec = Codec().encode({"id": "x"}, {"hidden": ("bfloat16", h)})
+    body = zstandard.ZstdDecompressor().decompress(rec)  # frame A only
+    short = zstandard.ZstdCompressor().compress(body[:-8])
+    with pytest.raises(CorruptRecord, match="frame A holds"):
+        decode(short + rec[len(rec) - (13 + 3 + 64) :])
+    assert struct.unpack("<I", body[:4])[0] > 0

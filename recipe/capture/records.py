@@ -1,7 +1,9 @@
 """Raw capture records: what a backend leaves in the dump directory (a RAM disk) for the packer.
 
 One file per (request, forward pass): `{rid}.{offset:09d}.hsr`
-    b"HSR1" | u32 header_len | header JSON | input_ids int32[n] | hidden bf16 bits [n, slots, H]
+    b"HSR2" | u32 header_len | header JSON | input_ids int32[n] | high bytes [n, slots, H] | low bytes [n, slots, H]
+The hidden states (bf16, [n, slots, H]) arrive split into byte planes, the layout the shards store
+(recipe.shards.codec): the SGLang hook splits them on the GPU, so the packer only streams planes.
 `offset` is the request's first token in this pass (the prefix length), so chunked prefill gives
 several pieces that the packer puts back in order. A failed capture leaves `{rid}.err` (JSON).
 Every file is written under a dot-name and renamed, so the packer never sees half a file.
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-MAGIC = b"HSR1"
+MAGIC = b"HSR2"
 SUFFIX = ".hsr"
 ERROR_SUFFIX = ".err"
 
@@ -42,28 +44,38 @@ def write_atomic(dump_dir: Path, name: str, chunks: list) -> int:
     return sum(memoryview(c).nbytes for c in chunks)
 
 
+def split_words(words: np.ndarray) -> np.ndarray:
+    """[n, slots, H] 16-bit words -> [2, n, slots, H] bytes: high plane, low plane (a host-side split,
+    for callers that hold words; the SGLang hook splits on the GPU)."""
+    b = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 2)
+    return np.stack([b[..., 1], b[..., 0]])
+
+
 def write_record(
-    dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, hidden: np.ndarray, last: bool | None
+    dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, planes: np.ndarray, last: bool | None
 ) -> int:
-    """hidden: [n, slots, H] as 16-bit words (bf16 bits). Returns bytes written."""
+    """planes: [2, n, slots, H] uint8, the bf16 hidden states' high then low bytes (or [n, slots, H]
+    16-bit words, split here). Returns bytes written."""
     input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
-    hidden = np.ascontiguousarray(hidden)
-    if hidden.ndim != 3 or hidden.shape[0] != input_ids.shape[0] or hidden.itemsize != 2:
-        raise ValueError(f"record {rid}@{offset}: hidden {hidden.shape}/{hidden.dtype} vs ids {input_ids.shape}")
+    if planes.ndim == 3 and planes.itemsize == 2:
+        planes = split_words(planes.view(np.uint16))
+    if planes.ndim != 4 or planes.shape[0] != 2 or planes.shape[1] != input_ids.shape[0] or planes.itemsize != 1:
+        raise ValueError(f"record {rid}@{offset}: planes {planes.shape}/{planes.dtype} vs ids {input_ids.shape}")
     header = json.dumps(
         {
             "rid": rid,
             "offset": offset,
             "n": int(input_ids.shape[0]),
             "last": last,
-            "slots": int(hidden.shape[1]),
-            "hidden": int(hidden.shape[2]),
+            "slots": int(planes.shape[2]),
+            "hidden": int(planes.shape[3]),
         }
     ).encode()
+    hi, lo = np.ascontiguousarray(planes[0]), np.ascontiguousarray(planes[1])
     return write_atomic(
         Path(dump_dir),
         record_name(rid, offset),
-        [MAGIC, struct.pack("<I", len(header)), header, memoryview(input_ids), memoryview(hidden)],
+        [MAGIC, struct.pack("<I", len(header)), header, memoryview(input_ids), memoryview(hi), memoryview(lo)],
     )
 
 
@@ -74,25 +86,32 @@ def write_error(dump_dir: Path, rid: str, reason: str) -> None:
 def _header(buf: bytes, path) -> tuple[dict, int]:
     """(header, where the payload starts) from a record's first bytes."""
     if buf[:4] != MAGIC:
-        raise ValueError(f"{path}: not a capture record")
+        raise ValueError(f"{path}: not a capture record ({MAGIC.decode()})")
     (hlen,) = struct.unpack_from("<I", buf, 4)
     return json.loads(buf[8 : 8 + hlen]), 8 + hlen
 
 
 def read_header(path: Path) -> dict:
-    """Only the header (the packer needs a piece's length long before its data)."""
+    """Only the header (the packer needs a piece's length long before its data), with `base`: where
+    the ids start (the planes follow them)."""
     with open(path, "rb") as f:
         head = f.read(8)
         (hlen,) = struct.unpack_from("<I", head, 4) if len(head) == 8 else (0,)
-        return _header(head + f.read(hlen), path)[0]
+        h, base = _header(head + f.read(hlen), path)
+        h["base"] = base
+        return h
 
 
 def read_record(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(header, ids [n], hidden [n, slots, H] as 16-bit words): the whole piece, for tests and tools."""
     raw = Path(path).read_bytes()
     h, base = _header(raw, path)
-    ids = np.frombuffer(raw, np.int32, count=h["n"], offset=base)
-    hid = np.frombuffer(raw, np.uint16, count=h["n"] * h["slots"] * h["hidden"], offset=base + 4 * h["n"])
-    return h, ids, hid.reshape(h["n"], h["slots"], h["hidden"])
+    n, m = h["n"], h["n"] * h["slots"] * h["hidden"]
+    ids = np.frombuffer(raw, np.int32, count=n, offset=base)
+    planes = np.frombuffer(raw, np.uint8, count=2 * m, offset=base + 4 * n).reshape(2, m)
+    words = np.empty((m, 2), np.uint8)
+    words[:, 1], words[:, 0] = planes[0], planes[1]
+    return h, ids, words.view(np.uint16).reshape(n, h["slots"], h["hidden"])
 
 
 def dir_bytes(dump_dir: Path) -> int:

@@ -7,8 +7,8 @@ Everything else is here, where CPU tests reach it.
 
 What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
 one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
-stack the K aux captures and the final state into one [T, K+1, H] tensor, start its copy to pinned
-host memory on a side stream, and hand it to a writer thread through a bounded queue. The GPU
+stack the K aux captures and the final state into one [T, K+1, H] tensor, split it into byte planes,
+start their copy to pinned host memory on a side stream, and hand it to a writer thread through a bounded queue. The GPU
 stream never waits for the disk; the forward pass only blocks when the queue is full, i.e. when the
 writer is held back by the dump budget (the packer is behind).
 """
@@ -144,13 +144,16 @@ class DumpHook:
             if p.shape[0] < T:  # e.g. attention-TP scattered states: refuse rather than write garbage
                 raise RuntimeError(f"hidden states have {p.shape[0]} rows for {T} tokens in the pass")
         stacked = torch.stack([p[:T] for p in parts], dim=1)  # [T, slots, H]: one tensor, one copy
+        # byte planes (high, low) on the GPU, where the split is free: the packer then only streams them
+        b = stacked.view(torch.uint8).view(*stacked.shape, 2)  # little-endian: byte 1 is the high byte
+        planes = torch.stack((b[..., 1], b[..., 0]))  # [2, T, slots, H]
         # Snapshot in stream order: SGLang refills its input buffers for the next batch (overlap
         # scheduling) before a side-stream copy of the original views would run. Seen on an H200:
         # without these clones the dumped ids belonged to the next batch.
         ids = fb.input_ids[:T].clone()
         orig = getattr(fb, "orig_seq_lens", None)
         orig = orig.clone() if orig is not None else None
-        done, (host, host_ids, host_orig) = self.copy([stacked, ids, orig])
+        done, (host, host_ids, host_orig) = self.copy([planes, ids, orig])
         self.thread.put((done, rids, pre, ext, host_ids, host, host_orig))  # blocks only when the writer is behind
 
     def flush(self) -> None:

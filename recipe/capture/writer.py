@@ -19,13 +19,19 @@ from . import records
 log = logging.getLogger(__name__)
 
 
-def as_u16(x) -> np.ndarray:
-    """bf16/fp16 torch tensor or 16-bit numpy array (on the CPU) -> uint16 numpy view, no copy."""
-    if isinstance(x, np.ndarray):
-        return x.view(np.uint16)
-    import torch
+def as_planes(x) -> np.ndarray:
+    """Hidden states as [2, T, slots, H] byte planes (high, low): passed through when they already are
+    (the SGLang hook splits on the GPU), split here from [T, slots, H] 16-bit words otherwise."""
+    if not isinstance(x, np.ndarray):
+        import torch
 
-    return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+        x = x.contiguous()
+        x = (x.view(torch.int16) if x.element_size() == 2 else x).numpy()
+    if x.ndim == 4 and x.shape[0] == 2 and x.itemsize == 1:
+        return x.view(np.uint8)
+    if x.ndim == 3 and x.itemsize == 2:
+        return records.split_words(x.view(np.uint16))
+    raise ValueError(f"hidden states must be [T, slots, H] 16-bit words or [2, T, slots, H] planes, got {x.shape}")
 
 
 def as_i32(x) -> np.ndarray:
@@ -61,17 +67,18 @@ class CaptureWriter:
             self.waited_s += time.monotonic() - t0
 
     def write_pass(self, rids, prefix_lens, extend_lens, input_ids, hidden, lasts=None) -> int:
-        """input_ids [T], hidden [T, slots, H] (T may exceed sum(extend_lens): padding rows are ignored).
-        Only rids carrying the recipe's prefix are written. Returns bytes written."""
-        ids, hid = as_i32(input_ids), as_u16(hidden)
-        if sum(extend_lens) > ids.shape[0] or hid.shape[0] != ids.shape[0]:
+        """input_ids [T], hidden [T, slots, H] words or [2, T, slots, H] planes (T may exceed
+        sum(extend_lens): padding rows are ignored). Only rids carrying the recipe's prefix are
+        written. Returns bytes written."""
+        ids, planes = as_i32(input_ids), as_planes(hidden)
+        if sum(extend_lens) > ids.shape[0] or planes.shape[1] != ids.shape[0]:
             raise ValueError(
-                f"pass has {ids.shape[0]} ids / {hid.shape[0]} rows for extend lengths {list(extend_lens)}"
+                f"pass has {ids.shape[0]} ids / {planes.shape[1]} rows for extend lengths {list(extend_lens)}"
             )
         starts = np.concatenate([[0], np.cumsum(extend_lens)]).astype(int)
         ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
         # one look at the directory per pass: the writer thread must not rescan it for every request
-        self.wait_for_budget(sum(hid[starts[i] : starts[i + 1]].nbytes for i in ours))
+        self.wait_for_budget(sum(planes[:, starts[i] : starts[i + 1]].nbytes for i in ours))
         written = 0
         for i in ours:
             a, b = starts[i], starts[i + 1]
@@ -80,7 +87,7 @@ class CaptureWriter:
                 rids[i],
                 int(prefix_lens[i]),
                 ids[a:b],
-                hid[a:b],
+                planes[:, a:b],
                 None if lasts is None else bool(lasts[i]),
             )
         if self.trace is not None and ours:

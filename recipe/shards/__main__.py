@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from .codec import CorruptRecord, decode
+from .codec import CorruptRecord, decode, tail_frame_follows
 from .reader import ShardReader
 from .store import SHARD_DIR
 
@@ -148,7 +148,13 @@ def rebuild_index(root: Path) -> list[dict]:
     """Index records recovered from the shards alone (docs/FORMAT.md: frames carry their meta)."""
     out = []
     for shard in sorted((root / SHARD_DIR).glob("*.bin")):
-        for offset, frame in scan_shard(shard):
+        frames = scan_shard(shard)
+        for offset, frame in frames:
+            if tail_frame_follows(frame):  # a v2 record: its low plane is the next (raw) frame
+                nxt = next(frames, None)
+                if nxt is None:
+                    break  # a torn last record
+                frame += nxt[1]
             meta, arrs = decode(frame)
             ids, mask, hid = arrs["input_ids"], arrs["loss_mask"], arrs["hidden"]
             out.append(
