@@ -101,7 +101,7 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
         while not done.wait(0.5):
             rss.append(rss_bytes(os.getpid()))
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), os.times()
     packer.start()
     threading.Thread(target=sample_rss, daemon=True).start()
     if a.stream_budget_gb:
@@ -109,7 +109,8 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     packer.drain()
     dt = time.perf_counter() - t0
     done.set()
-    packer.stop()
+    packer.stop()  # joins the workers: their CPU time is in os.times().children_*
+    cpu = os.times()
     tot = store.write_manifest({})["totals"]
     store.close()
     shutil.rmtree(dump, ignore_errors=True)
@@ -123,6 +124,13 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
         "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / workers, 1),
         "ratio": round(tot["raw_bytes"] / tot["stored_bytes"], 4),
         "cpus": os.cpu_count(),
+        # where the time went: workers busy (user+sys over workers x seconds) and the main process
+        "worker_cpu_user_s": round(cpu.children_user - cpu0.children_user, 2),
+        "worker_cpu_sys_s": round(cpu.children_system - cpu0.children_system, 2),
+        "worker_busy": round(
+            (cpu.children_user + cpu.children_system - cpu0.children_user - cpu0.children_system) / (workers * dt), 3
+        ),
+        "main_cpu_s": round(cpu.user + cpu.system - cpu0.user - cpu0.system, 2),
     }
     if rss:
         q = len(rss) // 4 or 1

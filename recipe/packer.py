@@ -32,7 +32,6 @@ import signal
 import threading
 import time
 import traceback
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import numpy as np
 
 from .capture import records
 from .procs import die_with_parent
-from .shards.codec import Codec, RecordWriter
+from .shards.codec import Codec, RecordWriter, crc32
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +131,7 @@ def check_planes(hi: np.ndarray, lo: np.ndarray) -> str | None:
 
 
 QUEUED = 2  # tasks per worker process at once
+COMMIT_BYTES = 1 << 30  # raw bytes of stored-but-uncommitted samples that force a commit
 BLOCK = 1 << 19  # bytes of a plane per read: each block is checked and coded while in cache
 _buf: list = []  # per process, reused: a sample costs no fresh pages
 
@@ -205,7 +205,7 @@ class ShardAppender:
     def writev(self, bufs) -> None:
         views = [memoryview(b).cast("B") for b in bufs]
         for v in views:
-            self.crc = zlib.crc32(v, self.crc)
+            self.crc = crc32(v, self.crc)
             self.length += len(v)
         while views:
             done = os.writev(self.fd, views[:1024])  # IOV_MAX
@@ -325,6 +325,7 @@ class Packer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="packer", daemon=True)
         self._last_commit = time.monotonic()
+        self._uncommitted_raw = 0
         self._tids = itertools.count()
         self._procs, self._inboxes, self._outbox = [], [], None
         self._shard = {}  # worker -> [shard path, bytes assigned]
@@ -568,15 +569,21 @@ class Packer:
                     source=s.source,
                 )
                 self.uncommitted.append((p, [v[0] for v in p.pieces.values()]))
+                self._uncommitted_raw += raw
                 self.progress.add(len(s.input_ids), raw, length)
         return busy
 
     def _maybe_commit(self, force: bool = False) -> None:
         if not self.uncommitted:
             return
+        # Batched while samples stream in (one fsync for many), but never left waiting on the timer
+        # when no worker is busy (the end of a run, a lull), nor holding more than COMMIT_BYTES of raw
+        # pieces in the dump directory: they are deleted only once committed.
         if (
             force
+            or not self.inflight
             or len(self.uncommitted) >= self.commit_every
+            or self._uncommitted_raw >= COMMIT_BYTES
             or time.monotonic() - self._last_commit > self.commit_every_s
         ):
             item = (self.store.take_pending(), self.uncommitted)
@@ -584,6 +591,7 @@ class Packer:
                 self.committing.append(item)
             self._commits.put(item)
             self.uncommitted = []
+            self._uncommitted_raw = 0
             self._last_commit = time.monotonic()
 
     def _commit_loop(self) -> None:

@@ -13,13 +13,12 @@ import argparse
 import collections
 import json
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
-from .codec import CorruptRecord, decode, tail_frame_follows
+from .codec import CorruptRecord, crc32, decode, tail_frame_follows
 from .reader import ShardReader
 from .store import SHARD_DIR
 
@@ -166,7 +165,7 @@ def rebuild_index(root: Path) -> list[dict]:
                     "length": len(frame),
                     "tokens": int(ids.shape[0]),
                     "raw_bytes": int(ids.nbytes + hid.nbytes + mask.nbytes),
-                    "crc32": zlib.crc32(frame),
+                    "crc32": crc32(frame),
                     "loss_tokens": int(np.asarray(mask).sum()),
                     "source": meta.get("source"),
                 }

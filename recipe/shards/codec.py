@@ -16,11 +16,15 @@ from __future__ import annotations
 import io
 import json
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import zstandard as zstd
+
+try:  # the same CRC-32 as zlib's, SIMD: 7.3 GB/s against 1.9 on one core (it checksums every stored byte)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - zlib-ng is a dependency; plain zlib gives equal values
+    from zlib import crc32
 
 FORMAT_VERSION = 2
 READS = (1, 2)
@@ -271,10 +275,10 @@ def tail_frame_follows(frame: bytes) -> bool:
 CHUNK = 1 << 20  # bytes of high plane decoded and interleaved at a time: the output is written in cache
 
 
-def decode(frame: bytes, crc32: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+def decode(frame: bytes, expected_crc: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
     """One record -> (meta, name -> numpy array; bf16 as uint16 bits). Raises CorruptRecord."""
-    if crc32 is not None and zlib.crc32(frame) != crc32:
-        raise CorruptRecord(f"crc32 mismatch (stored {crc32:#010x}, read {zlib.crc32(frame):#010x})")
+    if expected_crc is not None and crc32(frame) != expected_crc:
+        raise CorruptRecord(f"crc32 mismatch (stored {expected_crc:#010x}, read {crc32(frame):#010x})")
     try:
         r = zstd.ZstdDecompressor().stream_reader(frame, read_size=CHUNK)  # frame A; frame B is ours
         header, hlen = _header(r)

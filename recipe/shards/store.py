@@ -20,8 +20,9 @@ import contextlib
 import fcntl
 import json
 import os
-import zlib
 from pathlib import Path
+
+from .codec import crc32
 
 INDEX = "index.jsonl"
 MANIFEST = "manifest.json"
@@ -245,7 +246,7 @@ class ShardStore:
             self._shard_path.name,
             self._shard_size,
             len(frame),
-            zlib.crc32(frame),
+            crc32(frame),
             tokens,
             raw_bytes,
             **extra,
