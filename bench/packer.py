@@ -7,7 +7,7 @@ default codec, real activations 1.45x, bench/codec.py), written as the SGLang ho
 planes, split on the GPU there); the dump dir is on /dev/shm. By default the dumps are written first, so
 only the packer is timed, over max(48, 12 x workers) samples unless --samples says; with
 --stream-budget-gb a producer writes them while the packer runs, held to that budget as the server's
-hook is, and the RSS of the packer's processes is sampled throughout.
+hook is, and the memory (PSS) of the packer's processes is sampled throughout.
 """
 
 from __future__ import annotations
@@ -33,13 +33,16 @@ from recipe.shards.codec import Codec  # noqa: E402
 from recipe.shards.store import ShardStore  # noqa: E402
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set of a process and its children (the packer's workers)."""
+def pss_bytes(pid: int) -> int:
+    """Memory of a process and its children (the packer's workers), each page counted once: the
+    proportional set size (PSS). Plain RSS would count the pages the forked workers share with
+    the parent once per worker."""
     total = 0
     for p in [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]:
         try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+            total += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration):
             pass
     return total
 
@@ -99,7 +102,7 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
 
     def sample_rss():
         while not done.wait(0.5):
-            rss.append(rss_bytes(os.getpid()))
+            rss.append(pss_bytes(os.getpid()))
 
     t0, cpu0 = time.perf_counter(), os.times()
     packer.start()
@@ -135,10 +138,10 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     if rss:
         q = len(rss) // 4 or 1
         res.update(
-            rss_MB_first_quarter_max=round(max(rss[:q]) / 1e6),
-            rss_MB_last_quarter_max=round(max(rss[-q:]) / 1e6),
-            rss_MB_max=round(max(rss) / 1e6),
-            rss_samples=len(rss),
+            pss_MB_first_quarter_max=round(max(rss[:q]) / 1e6),
+            pss_MB_last_quarter_max=round(max(rss[-q:]) / 1e6),
+            pss_MB_max=round(max(rss) / 1e6),
+            pss_samples=len(rss),
         )
     if a.stream_budget_gb:
         res.update(

@@ -213,7 +213,7 @@ def arm(name, args, model_dir, samples, warm):
         t0 = time.monotonic()
         be.server.start()
         result["server_ready_s"] = round(be.server.wait_ready(), 1)
-        be.cfg.server.launch = False  # already up: run() must not start another
+        be.opts.launch = False  # already up: run() must not start another
         be.run(warm, NullPacker(), None, lambda s: f"warm-{s.id}")  # untimed; rid without the prefix: no dump
         out = Path(args.work) / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)

@@ -272,7 +272,7 @@ def tail_frame_follows(frame: bytes) -> bool:
         raise CorruptRecord(f"cannot read a record header: {e}") from e
 
 
-CHUNK = 1 << 20  # bytes of high plane decoded and interleaved at a time: the output is written in cache
+CHUNK = 8 * RAW_BLOCK  # values decoded and interleaved at a time: the output is written in cache
 
 
 def decode(frame: bytes, expected_crc: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -307,22 +307,22 @@ def decode(frame: bytes, expected_crc: int | None = None) -> tuple[dict, dict[st
 
 
 def _interleave(r, low: list, n: int) -> np.ndarray:
-    """High bytes streamed out of frame A chunk by chunk, each written into the output while in
-    cache; then the raw low plane from frame B."""
+    """High bytes streamed out of frame A chunk by chunk and each chunk's low bytes (frame B's raw
+    blocks, CHUNK a multiple of their size) written beside them while the output is in cache."""
+    full, last = low
     out = np.empty(n, np.uint16)
     b = out.view(np.uint8).reshape(n, 2)
     buf = np.empty(min(CHUNK, max(n, 1)), np.uint8)
+    rows = [full[i] for i in range(full.shape[0])] + [last]  # the low plane, RAW_BLOCK bytes a row
+    if sum(x.size for x in rows) != n:
+        raise CorruptRecord(f"low plane holds {sum(x.size for x in rows)} bytes for {n} values")
+    row = 0
     for pos in range(0, n, buf.size):
         k = min(buf.size, n - pos)
         _read_into(r, memoryview(buf)[:k])
         b[pos : pos + k, 1] = buf[:k]
-    pos = 0
-    for part in low:
-        if part.ndim == 2:  # a reshape of the contiguous [k, 2] slice is always a view
-            b[pos : pos + part.size].reshape(*part.shape, 2)[..., 0] = part
-        else:
-            b[pos : pos + part.size, 0] = part
-        pos += part.size
-    if pos != n:
-        raise CorruptRecord(f"low plane holds {pos} bytes for {n} values")
+        for at in range(pos, pos + k, RAW_BLOCK):
+            lo = rows[row]
+            b[at : at + lo.size, 0] = lo
+            row += 1
     return out

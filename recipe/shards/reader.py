@@ -35,6 +35,7 @@ class ShardReader:
         self.by_id = {r["id"]: r for r in self.records}
         self._fds: dict[str, int] = {}
         self._pid = None
+        self._buf: bytearray | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -56,10 +57,20 @@ class ShardReader:
             raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
         return data
 
+    def _read_reused(self, rec: dict) -> memoryview:
+        """The record read into this reader's own buffer (decode copies everything out of it): no
+        fresh pages per sample, which a VM pays for dearly (a 89 MB pread: 51 ms on the GPU host)."""
+        if self._buf is None or len(self._buf) < rec["length"]:
+            self._buf = bytearray(rec["length"])
+        view = memoryview(self._buf)[: rec["length"]]
+        if os.preadv(self._fd(rec["shard"]), [view], rec["offset"]) != rec["length"]:
+            raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
+        return view
+
     def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
         rec = self.by_id[sample_id]
         try:
-            return decode(self.read_frame(rec), rec["crc32"])
+            return decode(self._read_reused(rec), rec["crc32"])
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None
 
@@ -77,7 +88,7 @@ class ShardReader:
 
     def __getstate__(self):  # picklable into spawn workers: drop the open handles
         d = dict(self.__dict__)
-        d["_fds"], d["_pid"] = {}, None
+        d["_fds"], d["_pid"], d["_buf"] = {}, None, None
         return d
 
     def close(self):
