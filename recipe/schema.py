@@ -118,7 +118,7 @@ class ShardsConfig:
     entropy_only: bool = True  # zstd tuned for byte planes (recipe/shards/codec.py); false: zstd_level
     zstd_level: int = 1
     transform: Transform = Transform.byteplane  # docs/benchmarks.md says why
-    workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.3-0.8 GB/s raw each
+    workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.57-0.79 GB/s raw each on the GPU host
     commit_every: int = 64
 
 
