@@ -8,9 +8,9 @@ Everything else is here, where CPU tests reach it.
 What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
 one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
 stack the K aux captures and the final state into one [T, K+1, H] tensor, split it into byte planes,
-start their copy to pinned host memory on a side stream, and hand it to a writer thread through a bounded queue. The GPU
-stream never waits for the disk; the forward pass only blocks when the queue is full, i.e. when the
-writer is held back by the dump budget (the packer is behind).
+start their copy to pinned host memory on a side stream, and hand it to a writer thread through a
+bounded queue. The GPU stream never waits for the disk; the forward pass only blocks when the queue
+is full, i.e. when the writer is held back by the dump budget (the packer is behind).
 """
 
 from __future__ import annotations
