@@ -72,15 +72,19 @@ MUTATIONS = {
         "mine = index * data_cfg.num_shards // max(data_cfg.limit or 1, 1) == data_cfg.shard_index",
         ["tests/test_data.py::test_job_split_partitions_the_input"],
     ),
-    "byteplanes_low_first": (  # encode and decode changed together: our own reader agrees with itself
-        "recipe/shards/codec.py",
+    # writer and reader swap the planes together, so our reader would agree with itself; the packer's
+    # value check (which reads the documented high plane) and the FORMAT.md reader do not
+    "byteplanes_low_first": (
+        ("recipe/capture/records.py", "recipe/shards/codec.py", "recipe/shards/codec.py"),
         (
-            "    hi[...] = tmp\n    lo[...] = words",
-            "    out = b[:n_items].astype(np.uint16)\n    out <<= 8\n    out |= b[n_items:]",
+            "    return np.stack([b[..., 1], b[..., 0]])",
+            "        b[pos : pos + k, 1] = buf[:k]",
+            "            b[at : at + lo.size, 0] = lo",
         ),
         (
-            "    hi[...] = words\n    lo[...] = tmp",
-            "    out = b[n_items:].astype(np.uint16)\n    out <<= 8\n    out |= b[:n_items]",
+            "    return np.stack([b[..., 0], b[..., 1]])",
+            "        b[pos : pos + k, 0] = buf[:k]",
+            "            b[at : at + lo.size, 1] = lo",
         ),
         ["tests/test_guarantees.py::test_an_independent_reader_from_the_format_doc_decodes_the_shards"],
     ),
@@ -196,16 +200,23 @@ MUTATIONS = {
 }
 
 
-def apply(name: str) -> tuple[Path, str]:
+def apply(name: str) -> dict[Path, str]:
+    """Puts the mutation in; returns the originals of the files it changed. `file` may be a tuple,
+    one file per snippet, for a bug made on two sides at once."""
     rel, old, new, _ = MUTATIONS[name]
-    path = ROOT / rel
-    text = mutant = path.read_text()
-    for o, n in zip(*((old, new) if isinstance(old, tuple) else ((old,), (new,)))):
-        if mutant.count(o) != 1:
-            raise SystemExit(f"{name}: a snippet occurs {mutant.count(o)} times in {rel}; update tests/mutate.py")
-        mutant = mutant.replace(o, n)
-    path.write_text(mutant)
-    return path, text
+    old, new = (old, new) if isinstance(old, tuple) else ((old,), (new,))
+    rels = rel if isinstance(rel, tuple) else (rel,) * len(old)
+    originals, texts = {}, {}
+    for r, o, n in zip(rels, old, new):
+        path = ROOT / r
+        if path not in texts:
+            originals[path] = texts[path] = path.read_text()
+        if texts[path].count(o) != 1:
+            raise SystemExit(f"{name}: a snippet occurs {texts[path].count(o)} times in {r}; update tests/mutate.py")
+        texts[path] = texts[path].replace(o, n)
+    for path, text in texts.items():
+        path.write_text(text)
+    return originals
 
 
 def main() -> int:
@@ -223,7 +234,7 @@ def main() -> int:
         raise SystemExit(f"unknown mutation(s) {unknown}; --list shows them")
     survived = []
     for n in names:
-        path, original = apply(n)
+        originals = apply(n)
         t0 = time.monotonic()
         try:
             r = subprocess.run(
@@ -233,7 +244,8 @@ def main() -> int:
                 text=True,
             )
         finally:
-            path.write_text(original)
+            for path, text in originals.items():
+                path.write_text(text)
         caught = r.returncode not in (0, 5)
         print(f"{'caught  ' if caught else 'SURVIVED'} {n:34s} {time.monotonic() - t0:6.1f} s", flush=True)
         if not caught:
