@@ -55,7 +55,6 @@ def main():
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--workers", default="2", help="a count, or several: 1,2,4,8,16")
     ap.add_argument("--level", type=int, default=1)
-    ap.add_argument("--transform", default="byteplane")
     ap.add_argument("--level-only", action="store_true", help="zstd --level instead of the entropy-only tuning")
     ap.add_argument("--out-dir", default="/tmp/packer-bench")
     ap.add_argument("--stream-budget-gb", type=float, default=0, help="write dumps while packing, within this budget")
@@ -90,7 +89,7 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     packer = Packer(
         dump,
         store,
-        Codec(a.level, a.transform, entropy_only=not a.level_only),
+        Codec(a.level, entropy_only=not a.level_only),
         [f"s{k}" for k in range(a.slots)],
         workers=workers,
         progress=Progress(n_samples, 1e9),

@@ -222,7 +222,7 @@ def capture(cfg, job: Job) -> Captured:
     with graceful_stop(stop), dump_folder(cfg) as dump_dir:
         budget = int(cfg.capture.budget_gb * (1 << 30))
         progress = Progress(len(job.todo), cfg.log_every_s, dump_dir, budget)
-        codec = Codec(cfg.shards.zstd_level, cfg.shards.transform.value, cfg.shards.entropy_only)
+        codec = Codec(cfg.shards.zstd_level, entropy_only=cfg.shards.entropy_only)
         with Packer(
             dump_dir,
             job.store,
@@ -326,7 +326,7 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         },
         "codec": {
             "zstd_level": cfg.shards.zstd_level,
-            "transform": cfg.shards.transform.value,
+            "transform": "byteplane",  # what the packer writes (docs/FORMAT.md)
             "entropy_only": cfg.shards.entropy_only,
         },
         "backend": backend_provenance(cfg),

@@ -21,11 +21,6 @@ class Overflow(str, Enum):
     skip = "skip"  # count the record as skipped (too_long)
 
 
-class Transform(str, Enum):
-    byteplane = "byteplane"  # bf16 words as high bytes then low bytes: 1.44x with zstd-1 on real activations
-    none = "none"
-
-
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -117,7 +112,6 @@ class ShardsConfig:
     max_shard_gb: float = 4.0
     entropy_only: bool = True  # zstd tuned for byte planes (recipe/shards/codec.py); false: zstd_level
     zstd_level: int = 1
-    transform: Transform = Transform.byteplane  # docs/benchmarks.md says why
     workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.57-0.79 GB/s raw each on the GPU host
     commit_every: int = 64
 

@@ -77,12 +77,12 @@ MUTATIONS = {
     "byteplanes_low_first": (
         ("recipe/capture/records.py", "recipe/shards/codec.py", "recipe/shards/codec.py"),
         (
-            "    return np.stack([b[..., 1], b[..., 0]])",
+            "split_into(w, out[0].reshape(-1), out[1].reshape(-1), np.empty_like(w))",
             "        b[pos : pos + k, 1] = buf[:k]",
             "            b[at : at + lo.size, 0] = lo",
         ),
         (
-            "    return np.stack([b[..., 0], b[..., 1]])",
+            "split_into(w, out[1].reshape(-1), out[0].reshape(-1), np.empty_like(w))",
             "        b[pos : pos + k, 0] = buf[:k]",
             "            b[at : at + lo.size, 1] = lo",
         ),

@@ -47,8 +47,12 @@ def write_atomic(dump_dir: Path, name: str, chunks: list) -> int:
 def split_words(words: np.ndarray) -> np.ndarray:
     """[n, slots, H] 16-bit words -> [2, n, slots, H] bytes: high plane, low plane (a host-side split,
     for callers that hold words; the SGLang hook splits on the GPU)."""
-    b = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 2)
-    return np.stack([b[..., 1], b[..., 0]])
+    from ..shards.codec import split_into  # the codec's own split; not imported into the server
+
+    out = np.empty((2, *words.shape), np.uint8)
+    w = np.ascontiguousarray(words).reshape(-1)
+    split_into(w, out[0].reshape(-1), out[1].reshape(-1), np.empty_like(w))
+    return out
 
 
 def write_record(

@@ -7,10 +7,11 @@ Everything else is here, where CPU tests reach it.
 
 What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
 one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
-stack the K aux captures and the final state into one [T, K+1, H] tensor, split it into byte planes,
-start their copy to pinned host memory on a side stream, and hand it to a writer thread through a
-bounded queue. The GPU stream never waits for the disk; the forward pass only blocks when the queue
-is full, i.e. when the writer is held back by the dump budget (the packer is behind).
+split the K aux captures and the final state into byte planes, written straight into one
+[2, T, K+1, H] tensor, start its copy to pinned host memory on a side stream, and hand it to a
+writer thread through a bounded queue. The GPU stream never waits for the disk; the forward pass
+only blocks when the queue is full, i.e. when the writer is held back by the dump budget (the
+packer is behind).
 """
 
 from __future__ import annotations
@@ -143,10 +144,14 @@ class DumpHook:
         for p in parts:
             if p.shape[0] < T:  # e.g. attention-TP scattered states: refuse rather than write garbage
                 raise RuntimeError(f"hidden states have {p.shape[0]} rows for {T} tokens in the pass")
-        stacked = torch.stack([p[:T] for p in parts], dim=1)  # [T, slots, H]: one tensor, one copy
-        # byte planes (high, low) on the GPU, where the split is free: the packer then only streams them
-        b = stacked.view(torch.uint8).view(*stacked.shape, 2)  # little-endian: byte 1 is the high byte
-        planes = torch.stack((b[..., 1], b[..., 0]))  # [2, T, slots, H]
+        # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
+        # fresh tensor (one copy, one D2H transfer); on the GPU the split is free, and the packer
+        # then only streams planes
+        planes = torch.empty((2, T, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
+        for k, p in enumerate(parts):
+            b = p[:T].contiguous().view(torch.uint8).view(T, -1, 2)  # little-endian: byte 1 is the high byte
+            planes[0, :, k] = b[..., 1]
+            planes[1, :, k] = b[..., 0]
         # Snapshot in stream order: SGLang refills its input buffers for the next batch (overlap
         # scheduling) before a side-stream copy of the original views would run. Seen on an H200:
         # without these clones the dumped ids belonged to the next batch.

@@ -64,22 +64,11 @@ def split_planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
-def from_planes(high: np.ndarray, low: list, n_items: int) -> np.ndarray:
-    """High bytes [n] and the low bytes in order (a list of arrays: flat, or [blocks, size]) ->
-    [n] 16-bit words, written once, byte by byte, into the output."""
-    out = np.empty(n_items, np.uint16)
-    b = out.view(np.uint8).reshape(n_items, 2)  # little-endian: byte 0 low, byte 1 high
-    b[:, 1] = high[:n_items]
-    pos = 0
-    for part in low:
-        k = part.size
-        if part.ndim == 2:  # a reshape of the contiguous [k, 2] slice is always a view
-            b[pos : pos + k].reshape(*part.shape, 2)[..., 0] = part
-        else:
-            b[pos : pos + k, 0] = part
-        pos += k
-    if pos != n_items:
-        raise CorruptRecord(f"low plane holds {pos} bytes for {n_items} values")
+def from_planes(high: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """High bytes [n] and low bytes [n] -> [n] 16-bit words."""
+    out = np.empty(high.size, np.uint16)
+    b = out.view(np.uint8).reshape(high.size, 2)  # little-endian: byte 0 low, byte 1 high
+    b[:, 1], b[:, 0] = high, low
     return out
 
 
@@ -95,13 +84,13 @@ ENTROPY_ONLY = dict(
 @dataclass
 class Codec:
     level: int = 3
-    transform: str = "byteplane"
+    transform: str = "byteplane"  # for encode(): the packer always writes byte planes (docs/FORMAT.md)
     entropy_only: bool = False  # ENTROPY_ONLY parameters instead of `level`
     threads: int = 0  # zstd's own worker threads per frame; the packer parallelises across samples
 
     def __post_init__(self):
         if self.transform not in TRANSFORMS:
-            raise ValueError(f"shards.transform must be one of {TRANSFORMS}, got {self.transform!r}")
+            raise ValueError(f"Codec.transform must be one of {TRANSFORMS}, got {self.transform!r}")
 
     def compressor(self) -> zstd.ZstdCompressor:
         if self.entropy_only:
@@ -297,11 +286,11 @@ def decode(frame: bytes, expected_crc: int | None = None) -> tuple[dict, dict[st
                 arr = _interleave(r, raw_tail(frame, header["tail"]), n)
             else:
                 planes = _read(r, 2 * n)
-                arr = from_planes(planes[:n], [planes[n:]], n)
+                arr = from_planes(planes[:n], planes[n:])
             out[t["name"]] = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
+    except CorruptRecord:
+        raise
     except (zstd.ZstdError, struct.error, ValueError) as e:
-        if isinstance(e, CorruptRecord):
-            raise
         raise CorruptRecord(f"cannot decode sample frame: {e}") from e
     return header["meta"], out
 
