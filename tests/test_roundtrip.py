@@ -1,6 +1,7 @@
 """capture -> packer -> shards -> reader, bit for bit; the HF backend against transformers itself."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -168,6 +169,23 @@ def test_flipped_byte_is_named(default_run, tmp_path):
     assert ShardReader(bad).get(other)["hidden"].shape[0] > 0  # the rest reads fine
     r = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(bad)], capture_output=True, text=True)
     assert r.returncode == 1 and rec["id"] in r.stdout
+
+
+def test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads(default_run, tmp_path):
+    import shutil
+
+    _, out, _, _ = default_run
+    bad = tmp_path / "cut"
+    shutil.copytree(out, bad)
+    recs = ShardReader(bad).records
+    last = max((r for r in recs if r["shard"] == recs[0]["shard"]), key=lambda r: r["offset"])
+    before = next(r for r in recs if r["shard"] == last["shard"] and r["offset"] < last["offset"])
+    os.truncate(bad / "shards" / last["shard"], last["offset"] + last["length"] // 2)
+    r = ShardReader(bad)  # the reader maps shard files: a short one must be refused, not read past its end
+    with pytest.raises(CorruptRecord, match=f"{last['id']}.*truncated"):
+        r.get(last["id"])
+    got, want = r.get(before["id"]), ShardReader(out).get(before["id"])
+    assert torch.equal(got["hidden"].view(torch.int16), want["hidden"].view(torch.int16))
 
 
 def mk_sample(i, n, rng):

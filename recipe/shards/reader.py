@@ -1,17 +1,18 @@
 """Reading shards: random access by sample id, iteration, and a torch Dataset.
 
-File handles are opened lazily per process, so a DataLoader with num_workers > 0 (fork or spawn)
-gets its own handles in every worker.
+Shard files are mapped lazily per process, so a DataLoader with num_workers > 0 (fork or spawn)
+gets its own mappings in every worker.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 
-from .codec import CorruptRecord, decode
+from .codec import CorruptRecord, Scratch, decode
 from .store import SHARD_DIR, read_index, read_manifest
 
 
@@ -33,9 +34,9 @@ class ShardReader:
             raise FileNotFoundError(f"{self.root} has no manifest.json: not a finished shard directory")
         self.records = read_index(self.root)
         self.by_id = {r["id"]: r for r in self.records}
-        self._fds: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap] = {}
         self._pid = None
-        self._buf: bytearray | None = None
+        self._scratch = Scratch()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -44,34 +45,34 @@ class ShardReader:
     def ids(self) -> list[str]:
         return [r["id"] for r in self.records]
 
-    def _fd(self, shard: str) -> int:
-        if self._pid != os.getpid():  # forked into a worker: never share the parent's offsets
-            self._fds, self._pid = {}, os.getpid()
-        if shard not in self._fds:
-            self._fds[shard] = os.open(self.root / SHARD_DIR / shard, os.O_RDONLY)
-        return self._fds[shard]
+    def _map(self, shard: str, end: int) -> mmap.mmap | None:
+        """The shard file mapped read-only, covering byte `end` if the file does (None if not)."""
+        if self._pid != os.getpid():  # forked into a worker: its own mappings
+            self._maps, self._pid = {}, os.getpid()
+        m = self._maps.get(shard)
+        if m is None or len(m) < end:  # first use, or the file grew since it was mapped
+            with open(self.root / SHARD_DIR / shard, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < end:
+                    return None
+                m = self._maps[shard] = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        return m
 
-    def read_frame(self, rec: dict, reuse: bool = False):
-        """The record's bytes. reuse: read into this reader's own buffer, valid until the next call
-        (decode copies everything out of it): no fresh pages per sample, which a VM pays for
-        dearly (a 89 MB pread into new memory: 51 ms on the GPU host)."""
-        fd, n = self._fd(rec["shard"]), rec["length"]
-        if reuse:
-            if self._buf is None or len(self._buf) < n:
-                self._buf = bytearray(n)
-            data = memoryview(self._buf)[:n]
-            got = os.preadv(fd, [data], rec["offset"])
-        else:
-            data = os.pread(fd, n, rec["offset"])
-            got = len(data)
-        if got != n:
+    def read_frame(self, rec: dict) -> memoryview:
+        """The record's bytes, straight out of the page cache: a view of the mapped shard, no copy
+        (a pread into fresh memory cost 51 ms per 89 MB on the GPU host; into a reused buffer
+        still 15 ms of a 141 ms get). Shards of a finished directory are never rewritten in place:
+        a file cut short under a live reader would fault, one cut before is reported here."""
+        end = rec["offset"] + rec["length"]
+        m = self._map(rec["shard"], end)
+        if m is None:
             raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
-        return data
+        return memoryview(m)[rec["offset"] : end]
 
     def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
         rec = self.by_id[sample_id]
         try:
-            return decode(self.read_frame(rec, reuse=True), rec["crc32"])
+            return decode(self.read_frame(rec), rec["crc32"], self._scratch)
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None
 
@@ -87,15 +88,13 @@ class ShardReader:
         for r in self.records:
             yield self.get(r["id"])
 
-    def __getstate__(self):  # picklable into spawn workers: drop the open handles
+    def __getstate__(self):  # picklable into spawn workers: no mappings, no buffers
         d = dict(self.__dict__)
-        d["_fds"], d["_pid"], d["_buf"] = {}, None, None
+        d["_maps"], d["_pid"], d["_scratch"] = {}, None, Scratch()
         return d
 
     def close(self):
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
+        self._maps = {}  # unmapped once the last frame viewing them is gone
 
 
 class HiddenStatesDataset:
