@@ -193,6 +193,12 @@ MUTATIONS = {
         "                if False:",
         ["tests/test_roundtrip.py::test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads"],
     ),
+    "decode_buffer_shared_by_threads": (
+        "recipe/shards/reader.py",
+        "        self._local = threading.local()  # a decode buffer per thread",
+        "        self._local = self  # a decode buffer per thread",
+        ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
+    ),
     "frame_a_size_unchecked": (  # a short frame A read on into the raw tail
         "recipe/shards/codec.py",
         "        if said != size:  # zstd's reader would run on into frame B",

@@ -188,6 +188,36 @@ def test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads(defaul
     assert torch.equal(got["hidden"].view(torch.int16), want["hidden"].view(torch.int16))
 
 
+def test_threads_sharing_one_reader_get_their_own_samples(tmp_path):
+    """The reader decodes into a buffer it keeps: shared between threads, one thread's sample would
+    be joined from another's bytes (zstd and numpy release the GIL on large buffers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from recipe.shards.store import ShardStore
+
+    rng = np.random.default_rng(0)
+    store = ShardStore(tmp_path, {"format": "t", "model_fingerprint": "m", "capture": {}})
+    want = {}
+    for i in range(6):  # 8 MB of bf16 words each, every sample different
+        h = (rng.standard_normal((1024, 4, 1024), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        frame = Codec(entropy_only=True).encode(
+            {"id": f"s{i}", "dtypes": {"hidden": "bfloat16"}},
+            {"input_ids": ("int32", np.full(1024, i, np.int32)), "hidden": ("bfloat16", h)},
+        )
+        store.append(f"s{i}", f"k{i}", frame, tokens=1024, raw_bytes=h.nbytes)
+        want[f"s{i}"] = h
+    store.write_manifest({})
+    store.close()
+    r = ShardReader(tmp_path)
+
+    def check(k):
+        sid = f"s{k % 6}"
+        return np.array_equal(r.get_numpy(sid)[1]["hidden"], want[sid])
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(check, range(48)))
+
+
 def mk_sample(i, n, rng):
     ids = rng.integers(0, 256, n).astype(np.int32)
     return Sample(
