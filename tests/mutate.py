@@ -75,18 +75,14 @@ MUTATIONS = {
     # writer and reader swap the planes together, so our reader would agree with itself; the packer's
     # value check (which reads the documented high plane) and the FORMAT.md reader do not
     "byteplanes_low_first": (
-        ("recipe/capture/records.py", "recipe/shards/codec.py", "recipe/shards/codec.py"),
+        ("recipe/capture/records.py", "recipe/shards/codec.py"),
         (
             "split_into(w, out[0].reshape(-1), out[1].reshape(-1), np.empty_like(w))",
-            "        np.left_shift(high[s], 8, out=out[s], dtype=np.uint16)\n        o = out[s].reshape(lo.shape)\n"
-            "        np.bitwise_or(o, lo, out=o)",
-            "    np.left_shift(high[s], 8, out=out[s], dtype=np.uint16)\n    np.bitwise_or(out[s], last, out=out[s])",
+            "    out = np.left_shift(high, 8, out=out, dtype=np.uint16)\n    return np.bitwise_or(out, low, out=out)",
         ),
         (
             "split_into(w, out[1].reshape(-1), out[0].reshape(-1), np.empty_like(w))",
-            "        out[s] = high[s]\n        o = out[s].reshape(lo.shape)\n"
-            "        np.bitwise_or(o, np.left_shift(lo, 8, dtype=np.uint16), out=o)",
-            "    out[s] = high[s]\n    np.bitwise_or(out[s], np.left_shift(last, 8, dtype=np.uint16), out=out[s])",
+            "    out = np.left_shift(low, 8, out=out, dtype=np.uint16)\n    return np.bitwise_or(out, high, out=out)",
         ),
         ["tests/test_guarantees.py::test_an_independent_reader_from_the_format_doc_decodes_the_shards"],
     ),

@@ -50,7 +50,8 @@ def packer_with_one_sample(tmp_path, n=10):
     store = ShardStore(tmp_path / "out", IDENTITY)
     rng = np.random.default_rng(0)
     s = Sample("sid", rng.integers(0, 100, n).astype(np.int32), np.ones(n, np.uint8), "x:1", key="k")
-    hidden = torch.randn(n, 2, 8).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    words = torch.randn(n, 2, 8).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    hidden = records.split_words(words)  # [2, n, slots, H]: as the hook hands them to the writer
     pk = Packer(dump, store, Codec(1), ["a", "b"], workers=1, dump_timeout_s=30, commit_every=1, poll_s=0.005)
     return pk, store, s, dump, hidden
 
@@ -60,11 +61,11 @@ def test_the_packer_waits_for_the_last_token_and_for_the_response(tmp_path):
     pk, store, s, dump, hidden = packer_with_one_sample(tmp_path, n)
     with pk:
         pk.expect("hsx-sid", s)
-        records.write_record(dump, "hsx-sid", 0, s.input_ids[: n - 1], hidden[: n - 1], None)  # all but one token
+        records.write_record(dump, "hsx-sid", 0, s.input_ids[: n - 1], hidden[:, : n - 1], None)  # all but one token
         pk.responded("hsx-sid")
         time.sleep(0.3)
         assert pk.ok == 0 and not pk.failed, "packed with a token missing"
-        records.write_record(dump, "hsx-sid", n - 1, s.input_ids[n - 1 :], hidden[n - 1 :], True)
+        records.write_record(dump, "hsx-sid", n - 1, s.input_ids[n - 1 :], hidden[:, n - 1 :], True)
         pk.drain(timeout_s=10)
     assert pk.ok == 1 and not pk.failed and store.records[0]["tokens"] == n
 

@@ -58,11 +58,9 @@ def split_words(words: np.ndarray) -> np.ndarray:
 def write_record(
     dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, planes: np.ndarray, last: bool | None
 ) -> int:
-    """planes: [2, n, slots, H] uint8, the bf16 hidden states' high then low bytes (or [n, slots, H]
-    16-bit words, split here). Returns bytes written."""
+    """planes: [2, n, slots, H] uint8, the bf16 hidden states' high then low bytes (words are split
+    once, by CaptureWriter's as_planes or split_words). Returns bytes written."""
     input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
-    if planes.ndim == 3 and planes.itemsize == 2:
-        planes = split_words(planes.view(np.uint16))
     if planes.ndim != 4 or planes.shape[0] != 2 or planes.shape[1] != input_ids.shape[0] or planes.itemsize != 1:
         raise ValueError(f"record {rid}@{offset}: planes {planes.shape}/{planes.dtype} vs ids {input_ids.shape}")
     header = json.dumps(
@@ -110,12 +108,12 @@ def read_record(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
     """(header, ids [n], hidden [n, slots, H] as 16-bit words): the whole piece, for tests and tools."""
     raw = Path(path).read_bytes()
     h, base = _header(raw, path)
+    from ..shards.codec import from_planes  # the codec's own join; not imported into the server
+
     n, m = h["n"], h["n"] * h["slots"] * h["hidden"]
     ids = np.frombuffer(raw, np.int32, count=n, offset=base)
     planes = np.frombuffer(raw, np.uint8, count=2 * m, offset=base + 4 * n).reshape(2, m)
-    words = np.empty((m, 2), np.uint8)
-    words[:, 1], words[:, 0] = planes[0], planes[1]
-    return h, ids, words.view(np.uint16).reshape(n, h["slots"], h["hidden"])
+    return h, ids, from_planes(planes[0], planes[1]).reshape(n, h["slots"], h["hidden"])
 
 
 def dir_bytes(dump_dir: Path) -> int:

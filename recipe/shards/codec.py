@@ -64,9 +64,10 @@ def split_planes(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi, lo
 
 
-def from_planes(high: np.ndarray, low: np.ndarray) -> np.ndarray:
-    """High bytes [n] and low bytes [n] -> [n] 16-bit words."""
-    out = np.left_shift(high, 8, dtype=np.uint16)  # a shift and an or, vectorised (strided bytes are not)
+def from_planes(high: np.ndarray, low: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """High bytes and low bytes (one shape) -> 16-bit words of that shape, into `out` if given.
+    A shift and an or, vectorised (strided byte stores are not)."""
+    out = np.left_shift(high, 8, out=out, dtype=np.uint16)
     return np.bitwise_or(out, low, out=out)
 
 
@@ -103,22 +104,17 @@ class Codec:
         return sink.getvalue()
 
     def encode_to(self, sink, meta: dict, tensors: dict[str, tuple]) -> None:
-        """Compress one sample straight into `sink` (anything with write()).
-        tensors: name -> (dtype name, array), or (dtype name, (high, low) planes, shape) for a
-        16-bit tensor already split into byte planes."""
+        """Compress one sample straight into `sink` (anything with write()), whole arrays in hand
+        (the packer streams its planes into a RecordWriter instead). tensors: name -> (dtype, array)."""
         specs, data = {}, []
-        for name, (dtype, arr, *shape) in tensors.items():
-            if isinstance(arr, tuple):
-                planes, shape = list(arr), tuple(shape[0])
-            else:
-                arr = np.ascontiguousarray(arr)
-                if arr.dtype != DTYPES[dtype]:
-                    same = arr.itemsize == np.dtype(DTYPES[dtype]).itemsize
-                    arr = arr.view(DTYPES[dtype]) if same else arr.astype(DTYPES[dtype])
-                shape = arr.shape
-                split = self.transform == "byteplane" and arr.itemsize == 2
-                planes = list(split_planes(arr)) if split else [arr.reshape(-1).view(np.uint8)]
-            specs[name] = (dtype, shape, "byteplane" if len(planes) == 2 else "none")
+        for name, (dtype, arr) in tensors.items():
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype != DTYPES[dtype]:
+                same = arr.itemsize == np.dtype(DTYPES[dtype]).itemsize
+                arr = arr.view(DTYPES[dtype]) if same else arr.astype(DTYPES[dtype])
+            split = self.transform == "byteplane" and arr.itemsize == 2
+            planes = list(split_planes(arr)) if split else [arr.reshape(-1).view(np.uint8)]
+            specs[name] = (dtype, arr.shape, "byteplane" if split else "none")
             data += planes
         rec = RecordWriter(self, sink, meta, specs)
         for d in data[:-1] if rec.tail_bytes else data:
@@ -326,10 +322,6 @@ def _join(high: np.ndarray, low: list, n: int) -> np.ndarray:
     for r0 in range(0, full.shape[0], rows):  # full blocks, [rows, RAW_BLOCK] at a time
         lo = full[r0 : r0 + rows]
         s = slice(r0 * RAW_BLOCK, r0 * RAW_BLOCK + lo.size)
-        np.left_shift(high[s], 8, out=out[s], dtype=np.uint16)
-        o = out[s].reshape(lo.shape)
-        np.bitwise_or(o, lo, out=o)
-    s = slice(full.size, n)
-    np.left_shift(high[s], 8, out=out[s], dtype=np.uint16)
-    np.bitwise_or(out[s], last, out=out[s])
+        from_planes(high[s].reshape(lo.shape), lo, out[s].reshape(lo.shape))
+    from_planes(high[full.size :], last, out[full.size :])
     return out
