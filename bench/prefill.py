@@ -200,6 +200,11 @@ def arm(name, args, model_dir, samples, warm):
                 del be.server.env[k]
     if name == "capture":
         be.server.env["SGLANG_HS_NO_WRITE"] = "1"
+    stats_file = Path(args.work) / f"hook-stats-{name}.json"  # the writer rank's timings (sglang_hook.Stats)
+    stats_file.parent.mkdir(parents=True, exist_ok=True)
+    stats_file.unlink(missing_ok=True)
+    if name != "plain":
+        be.server.env["SGLANG_HS_STATS"] = str(stats_file)
     result = {"arm": name}
     peak = {"bytes": 0}
     stop = threading.Event()
@@ -227,6 +232,7 @@ def arm(name, args, model_dir, samples, warm):
                 workers=args.workers,
                 dump_timeout_s=120,
                 progress=Progress(len(samples), 5.0),
+                sync_records=args.sync_records,
             ).start()
         else:
             packer = NullPacker()
@@ -264,6 +270,10 @@ def arm(name, args, model_dir, samples, warm):
             peak_dump_bytes=peak["bytes"],
             client=be.stats,
         )
+        if name != "plain":
+            time.sleep(0.5)  # the writer rewrites its stats once it idles
+            if stats_file.exists():
+                result["hook"] = json.loads(stats_file.read_text())
     finally:
         stop.set()
         be.server.stop()
@@ -291,6 +301,7 @@ def main():
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--work", default="/tmp/bench")
+    ap.add_argument("--sync-records", action="store_true", help="packer workers flush each record as appended")
     ap.add_argument("--out")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     args = ap.parse_args()

@@ -28,21 +28,24 @@ from recipe.shards.store import ShardStore  # noqa: E402
 
 def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
     """Where one get() goes, each stage timed alone (best of reps): read (a view of the mapped
-    shard), crc, frame_a (zstd into a warm scratch buffer), join (the planes into fresh output
-    words), and get() whole for comparison."""
+    shard), crc, frame_a (zstd into a warm scratch buffer), join (the planes into output words
+    whose memory is reused, as get() does), join_fresh (into freshly allocated words: what the
+    reuse saves), and get() whole for comparison."""
     frame = r.read_frame(rec)
     body = codec.Scratch().take(zstd.frame_content_size(frame))
     codec._read_into(zstd.ZstdDecompressor().stream_reader(frame, read_size=len(frame)), memoryview(body))
     header, _ = codec._header(body)
     n = int(np.prod(header["tensors"][-1]["shape"]))
     low, high = codec.raw_tail(frame, header["tail"]), body[-n:]
+    recycler = codec.Recycler()
     steps = {
         "read": lambda: r.read_frame(rec),
         "crc": lambda: codec.crc32(frame),
         "frame_a": lambda: codec._read_into(
             zstd.ZstdDecompressor().stream_reader(frame, read_size=len(frame)), memoryview(body)
         ),
-        "join": lambda: codec._join(high, low, n),
+        "join": lambda: codec._join(high, low, recycler.take(n)),
+        "join_fresh": lambda: codec._join(high, low, np.empty(n, np.uint16)),
         "get_total": lambda: r.get(rec["id"]),
     }
     out = {}

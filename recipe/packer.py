@@ -248,8 +248,10 @@ def pack(task: dict, codec: Codec, sink) -> str | int:
     return check.result() or int(ids.nbytes + mask.nbytes + 2 * np.prod(shape))
 
 
-def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
-    """One packing process: owns the shard file its tasks name and appends each frame to it."""
+def worker_main(inbox, outbox, codec: Codec, parent: int, sync: bool = False) -> None:
+    """One packing process: owns the shard file its tasks name and appends each frame to it.
+    sync: flush each record to the disk as it is appended, the workers in parallel, instead of
+    leaving it all to the committer's fsync (which then finds little left)."""
     die_with_parent(parent)()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the recipe coordinates the stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -270,6 +272,8 @@ def worker_main(inbox, outbox, codec: Codec, parent: int) -> None:
                     os.ftruncate(fd, size)
                 outbox.put((tid, "fail", res))
                 continue
+            if sync:
+                os.fdatasync(fd)
             outbox.put((tid, "ok", (os.path.basename(path), size, out.length, out.crc, res)))
             size += out.length
         except OSError as e:  # e.g. ENOSPC: the packer stops the run, resume redoes the sample
@@ -300,8 +304,10 @@ class Packer:
         commit_every_s: float = 2.0,
         progress: Progress | None = None,
         poll_s: float = 0.01,
+        sync_records: bool = False,
     ):
         self.dump_dir = Path(dump_dir)
+        self.sync_records = sync_records
         self.store, self.codec, self.slots = store, codec, slots
         self.dump_timeout_s, self.commit_every, self.commit_every_s, self.poll_s = (
             dump_timeout_s,
@@ -370,7 +376,9 @@ class Packer:
         self._outbox = ctx.SimpleQueue()
         for _ in range(self.n_workers):
             inbox = ctx.SimpleQueue()
-            p = ctx.Process(target=worker_main, args=(inbox, self._outbox, self.codec, os.getpid()), daemon=True)
+            p = ctx.Process(
+                target=worker_main, args=(inbox, self._outbox, self.codec, os.getpid(), self.sync_records), daemon=True
+            )
             p.start()
             self._procs.append(p)
             self._inboxes.append(inbox)

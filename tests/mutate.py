@@ -195,6 +195,32 @@ MUTATIONS = {
         "        self._local = self  # a decode buffer per thread",
         ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
     ),
+    "pool_buffer_back_before_written": (  # the next pass's copy overwrites a pass still being written
+        "recipe/capture/sglang_hook.py",
+        (
+            "                self.stats.copy_wait_s += t1 - t0\n",
+            "            finally:  # written (or failed): nothing reads the buffer any more\n"
+            "                if self.pool is not None:\n"
+            "                    self.pool.give(buf)\n",
+        ),
+        (
+            "                self.stats.copy_wait_s += t1 - t0\n                self.pool.give(buf)\n",
+            "            finally:\n",
+        ),
+        ["tests/test_sglang_hook.py::test_a_pool_buffer_is_reused_only_after_its_pass_is_written"],
+    ),
+    "pool_pins_per_pass": (
+        "recipe/capture/sglang_hook.py",
+        "                if b.numel() >= nbytes:  # the smallest that fits",
+        "                if False:  # the smallest that fits",
+        ["tests/test_sglang_hook.py::test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass"],
+    ),
+    "output_memory_reused_while_viewed": (  # the finalizer watches nothing: memory back at once
+        "recipe/shards/codec.py",
+        "        weakref.finalize(arr, self._give, block)\n",
+        "        self._give(block)\n",
+        ["tests/test_roundtrip.py::test_a_samples_memory_is_reused_only_once_nothing_views_it"],
+    ),
     "frame_a_size_unchecked": (  # a short frame A read on into the raw tail
         "recipe/shards/codec.py",
         "        if said != size:  # zstd's reader would run on into frame B",

@@ -188,27 +188,31 @@ def test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads(defaul
     assert torch.equal(got["hidden"].view(torch.int16), want["hidden"].view(torch.int16))
 
 
+def small_shards(tmp_path, n=6, tokens=1024, hidden=1024):
+    """n samples of [tokens, 4, hidden] random bf16 words, every one different: (dir, id -> words)."""
+    rng = np.random.default_rng(0)
+    store = ShardStore(tmp_path, {"format": "t", "model_fingerprint": "m", "capture": {}})
+    want = {}
+    for i in range(n):
+        h = (rng.standard_normal((tokens, 4, hidden), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        frame = Codec(entropy_only=True).encode(
+            {"id": f"s{i}", "dtypes": {"hidden": "bfloat16"}},
+            {"input_ids": ("int32", np.full(tokens, i, np.int32)), "hidden": ("bfloat16", h)},
+        )
+        store.append(f"s{i}", f"k{i}", frame, tokens=tokens, raw_bytes=h.nbytes)
+        want[f"s{i}"] = h
+    store.write_manifest({})
+    store.close()
+    return tmp_path, want
+
+
 def test_threads_sharing_one_reader_get_their_own_samples(tmp_path):
     """The reader decodes into a buffer it keeps: shared between threads, one thread's sample would
     be joined from another's bytes (zstd and numpy release the GIL on large buffers)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from recipe.shards.store import ShardStore
-
-    rng = np.random.default_rng(0)
-    store = ShardStore(tmp_path, {"format": "t", "model_fingerprint": "m", "capture": {}})
-    want = {}
-    for i in range(6):  # 8 MB of bf16 words each, every sample different
-        h = (rng.standard_normal((1024, 4, 1024), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        frame = Codec(entropy_only=True).encode(
-            {"id": f"s{i}", "dtypes": {"hidden": "bfloat16"}},
-            {"input_ids": ("int32", np.full(1024, i, np.int32)), "hidden": ("bfloat16", h)},
-        )
-        store.append(f"s{i}", f"k{i}", frame, tokens=1024, raw_bytes=h.nbytes)
-        want[f"s{i}"] = h
-    store.write_manifest({})
-    store.close()
-    r = ShardReader(tmp_path)
+    root, want = small_shards(tmp_path)  # 8 MB of bf16 words each
+    r = ShardReader(root)
 
     def check(k):
         sid = f"s{k % 6}"
@@ -216,6 +220,27 @@ def test_threads_sharing_one_reader_get_their_own_samples(tmp_path):
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(check, range(48)))
+
+
+def test_a_samples_memory_is_reused_only_once_nothing_views_it(tmp_path):
+    """The reader hands the memory of a sample the caller dropped to the next sample (no fresh pages
+    per sample), but never while a view of it lives: a torch tensor, a reshaped numpy view."""
+    import gc
+
+    root, want = small_shards(tmp_path, n=4, tokens=256, hidden=512)
+    r = ShardReader(root)
+    kept = r.get("s0")["hidden"]  # a bf16 tensor over a view of the decoded words
+    view = r.get_numpy("s1")[1]["hidden"][::2]
+    gc.collect()
+    for sid in ("s2", "s3", "s2", "s3"):
+        got = r.get(sid)["hidden"]
+        assert got.data_ptr() != kept.data_ptr() and not np.shares_memory(got.view(torch.int16).numpy(), view)
+    assert np.array_equal(kept.view(torch.int16).numpy().view(np.uint16), want["s0"])
+    assert np.array_equal(view, want["s1"][::2])
+    del kept, view, got
+    gc.collect()
+    ptr = r.get("s2")["hidden"].data_ptr()  # dropped at once: its memory serves the next sample
+    assert r.get("s3")["hidden"].data_ptr() == ptr
 
 
 def mk_sample(i, n, rng):

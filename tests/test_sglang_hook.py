@@ -1,6 +1,9 @@
 """The in-server hook, fed SGLang 0.5.16 ForwardBatch-shaped inputs (same field names), on the CPU."""
 
 import enum
+import json
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -176,3 +179,77 @@ def test_padding_rows_are_ignored(tmp_path):
     hk.flush()
     ((h, ids, hid),) = dumped(tmp_path).values()
     assert hid.shape[0] == 6 and np.array_equal(hid, expect_rows(fb, final, aux, 0, 6)[0])
+
+
+def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path):
+    """Pinning host memory holds the CUDA driver: the pool is filled once, on the server's own warm-up
+    pass, and no pass after it allocates (passes shorter than the pool's size included)."""
+    hk = DumpHook(
+        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, is_writer=lambda: True, pass_bytes=2 * 64 * 4 * H
+    )
+    hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
+    assert hk.stats.pin_allocs == 4  # queue 2 + the writer's + the one being filled
+    for i in range(12):
+        hk(*batch(ForwardMode.EXTEND, [f"hsx-{i}"], [5 + 5 * i], [0], seed=i))
+    hk.flush()
+    assert hk.stats.pin_allocs == 4 and len(dumped(tmp_path)) == 12
+
+
+def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stays_bounded(tmp_path):
+    hk = DumpHook(
+        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, is_writer=lambda: True, pass_bytes=2 * 8 * 4 * H
+    )
+    for i, n in enumerate([4, 40, 8, 400, 6]):
+        fb, final, aux = batch(ForwardMode.EXTEND, [f"hsx-{i}"], [n], [0], seed=i)
+        hk(fb, final, aux)
+        hk.flush()
+        assert np.array_equal(dumped(tmp_path)[(f"hsx-{i}", 0)][2], expect_rows(fb, final, aux, 0, n)[0])
+    assert len(hk.copy.pool._free) <= hk.copy.pool.count == 3
+
+
+def test_a_pool_buffer_is_reused_only_after_its_pass_is_written(tmp_path, monkeypatch):
+    """The writer gives a buffer back only once its records are on disk: with a slow writer and a
+    small pool, every later pass waits for a buffer rather than overwriting one still being written."""
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, is_writer=lambda: True)
+    slow = hk.writer.write_pass
+
+    def write_pass(*a, **k):
+        time.sleep(0.02)
+        return slow(*a, **k)
+
+    monkeypatch.setattr(hk.writer, "write_pass", write_pass)
+    want = {}
+    for i in range(10):
+        fb, final, aux = batch(ForwardMode.EXTEND, [f"hsx-{i}"], [7], [0], seed=i)
+        want[f"hsx-{i}"] = expect_rows(fb, final, aux, 0, 7)[0]
+        hk(fb, final, aux)
+    hk.flush()
+    got = dumped(tmp_path)
+    assert sorted(r for r, _ in got) == sorted(want)
+    for rid, w in want.items():
+        assert np.array_equal(got[(rid, 0)][2], w), rid
+
+
+def test_the_pool_waits_for_a_buffer_when_all_are_out():
+    pool = sglang_hook.PinnedPool(2)
+    a, _ = pool.take(10), pool.take(10)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.take(10)))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and not got  # a third buffer would exceed what can be in flight
+    pool.give(a)
+    t.join(5)
+    assert got and got[0] is a and pool.stats.pin_allocs == 2
+
+
+def test_the_stats_file_counts_what_was_written(tmp_path):
+    (tmp_path / "dump").mkdir()
+    stats = tmp_path / "stats.json"
+    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda: True, stats_path=stats)
+    hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 0]))
+    hk(*batch(ForwardMode.EXTEND, ["hsx-c"], [6], [0]))
+    hk.close()
+    s = json.loads(stats.read_text())
+    written = sum(f.stat().st_size for f in (tmp_path / "dump").glob("*.hsr"))
+    assert (s["passes"], s["tokens"], s["bytes"]) == (2, 15, written) and s["forward_s"] > 0

@@ -8,19 +8,22 @@ Everything else is here, where CPU tests reach it.
 What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
 one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
 split the K aux captures and the final state into byte planes, written straight into one
-[2, T, K+1, H] tensor, start its copy to pinned host memory on a side stream, and hand it to a
-writer thread through a bounded queue. The GPU stream never waits for the disk; the forward pass
-only blocks when the queue is full, i.e. when the writer is held back by the dump budget (the
-packer is behind).
+[2, T, K+1, H] tensor, start its copy into a pinned host buffer (from a pool the writer gives back)
+on a side stream, and hand it to a writer thread through a bounded queue. The GPU stream never
+waits for the disk; the forward pass only blocks when the queue is full, i.e. when the writer is
+held back by the dump budget (the packer is behind).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import queue
 import threading
+import time
+from dataclasses import asdict, dataclass
 
 from .writer import CaptureWriter
 
@@ -34,9 +37,13 @@ ENV_BUDGET = "SGLANG_HS_BUDGET_BYTES"
 ENV_QUEUE = "SGLANG_HS_QUEUE"
 ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but write nothing
 ENV_TRACE = "SGLANG_HS_TRACE"  # a folder: each writing process lists what it wrote (the TP/DP proofs)
+ENV_PASS_TOKENS = "SGLANG_HS_PASS_TOKENS"  # most tokens one pass holds (chunked_prefill_size): sizes the pool
+ENV_STATS = "SGLANG_HS_STATS"  # a file: the hook's own timings, kept current (benchmarks)
 
 
-def env_for(dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4) -> dict:
+def env_for(
+    dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4, pass_tokens: int = 0
+) -> dict:
     """The server's environment that switches the dump on (the recipe's side of the contract)."""
     return {
         ENV_DIR: str(dump_dir),
@@ -45,6 +52,7 @@ def env_for(dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, q
         ENV_PREFIX: rid_prefix,
         ENV_BUDGET: str(int(budget_bytes)),
         ENV_QUEUE: str(int(queue_size)),
+        ENV_PASS_TOKENS: str(max(0, int(pass_tokens or 0))),
     }
 
 
@@ -65,15 +73,21 @@ def install(model, env=os.environ):
             raise ValueError(f"{ENV_LAYERS}={layers}: need ascending ids >= 1 (SGLang cannot capture layer 0)")
         model.capture_aux_hidden_states = True
         model.model.layers_to_capture = list(layers)
+    final = env.get(ENV_FINAL, "1") == "1"
+    hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
+    # a whole pass's planes: [2, tokens, slots, hidden] bytes
+    pass_bytes = 2 * int(env.get(ENV_PASS_TOKENS, "0") or 0) * (len(layers) + final) * hidden
     hook = DumpHook(
         env[ENV_DIR],
         layers,
-        env.get(ENV_FINAL, "1") == "1",
+        final,
         env.get(ENV_PREFIX, "hsx-"),
         int(env.get(ENV_BUDGET, str(8 << 30))),
         int(env.get(ENV_QUEUE, "4")),
         write=env.get(ENV_NO_WRITE, "0") != "1",
         trace_dir=env.get(ENV_TRACE) or None,
+        pass_bytes=pass_bytes,
+        stats_path=env.get(ENV_STATS) or None,
     )
     log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
     return hook
@@ -84,6 +98,26 @@ def sglang_writer_rank() -> bool:
     from sglang.srt.distributed import get_attn_tensor_model_parallel_rank
 
     return get_attn_tensor_model_parallel_rank() == 0
+
+
+@dataclass
+class Stats:
+    """Where the time goes (SGLANG_HS_STATS; bench/prefill.py reports it). forward_s is the hook's
+    wall time in the forward thread: all it starts on the GPU is asynchronous, so this is what the
+    scheduler loses to it on the host, pinning and waits for a free buffer included; split_gpu_s is
+    the GPU time of the plane split; the rest is the writer thread's."""
+
+    passes: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    forward_s: float = 0.0
+    pin_allocs: int = 0
+    pin_alloc_s: float = 0.0
+    put_wait_s: float = 0.0
+    split_gpu_s: float = 0.0
+    copy_wait_s: float = 0.0
+    write_s: float = 0.0
+    budget_wait_s: float = 0.0
 
 
 class DumpHook:
@@ -101,13 +135,18 @@ class DumpHook:
         is_writer=sglang_writer_rank,
         write: bool = True,
         trace_dir=None,
+        pass_bytes: int = 0,
+        stats_path=None,
     ):
         self.layers, self.final, self.prefix = list(layers), final, rid_prefix
         self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix, trace_dir=trace_dir)
         self._is_writer = is_writer
         self._writer_rank: bool | None = None
-        self.copy = HostCopy()
-        self.thread = WriterThread(self.writer, rid_prefix, queue_size, write)
+        self.stats = Stats()
+        # every buffer that can be in flight: the queue's, the writer's, the one being filled
+        self.copy = HostCopy(PinnedPool(max(1, queue_size) + 2, self.stats))
+        self._pass_bytes = int(pass_bytes)
+        self.thread = WriterThread(self.writer, rid_prefix, queue_size, write, self.stats, stats_path, self.copy.pool)
         atexit.register(self.close)
 
     # -- in the forward pass -------------------------------------------------------------------
@@ -115,13 +154,16 @@ class DumpHook:
         fm = forward_batch.forward_mode
         if getattr(fm, "name", None) != "EXTEND":  # not DECODE, MIXED, IDLE, TARGET_VERIFY, ...
             return
+        if self._writer_rank is None:  # the first EXTEND is the server's own warm-up, before /health
+            self._writer_rank = bool(self._is_writer())
+            if self._writer_rank and self._pass_bytes:  # pin the pool now, not in the first timed passes
+                self.copy.pool.fill(self._pass_bytes)
+        if not self._writer_rank:
+            return
         rids = list(forward_batch.rids or [])
         if not any(r.startswith(self.prefix) for r in rids):  # warm-up and health checks end here
             return
-        if self._writer_rank is None:
-            self._writer_rank = bool(self._is_writer())
-        if not self._writer_rank:
-            return
+        t0 = time.perf_counter()
         try:
             self._capture(forward_batch, rids, hidden_states, aux_hidden_states)
         except Exception as e:  # never kill the server; the packer turns the marker into a failed sample
@@ -129,6 +171,7 @@ class DumpHook:
             for r in rids:
                 if r.startswith(self.prefix):
                     self.writer.write_error(r, f"hook: {type(e).__name__}: {e}")
+        self.stats.forward_s += time.perf_counter() - t0
 
     def _capture(self, fb, rids, hidden_states, aux_hidden_states) -> None:
         import torch
@@ -147,19 +190,24 @@ class DumpHook:
         # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
         # fresh tensor (one copy, one D2H transfer); on the GPU the split is free, and the packer
         # then only streams planes
+        timer = GpuTimer(parts[0])
         planes = torch.empty((2, T, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
         for k, p in enumerate(parts):
             b = p[:T].contiguous().view(torch.uint8).view(T, -1, 2)  # little-endian: byte 1 is the high byte
             planes[0, :, k] = b[..., 1]
             planes[1, :, k] = b[..., 0]
+        timer.stop()
         # Snapshot in stream order: SGLang refills its input buffers for the next batch (overlap
         # scheduling) before a side-stream copy of the original views would run. Seen on an H200:
         # without these clones the dumped ids belonged to the next batch.
         ids = fb.input_ids[:T].clone()
         orig = getattr(fb, "orig_seq_lens", None)
         orig = orig.clone() if orig is not None else None
-        done, (host, host_ids, host_orig) = self.copy([planes, ids, orig])
-        self.thread.put((done, rids, pre, ext, host_ids, host, host_orig))  # blocks only when the writer is behind
+        done, buf, (host, host_ids, host_orig) = self.copy([planes, ids, orig])
+        t0 = time.perf_counter()
+        # blocks only when the writer is behind
+        self.thread.put((done, buf, timer, rids, pre, ext, host_ids, host, host_orig))
+        self.stats.put_wait_s += time.perf_counter() - t0
 
     def flush(self) -> None:
         self.thread.flush()
@@ -168,25 +216,102 @@ class DumpHook:
         self.thread.close()
 
 
-class HostCopy:
-    """GPU tensors -> pinned host tensors, copied on a side stream that waits for the forward's
-    work so far; returns the event that marks the copy done (None: already on the host)."""
+class GpuTimer:
+    """GPU time between construction and stop() on the current stream (CUDA only; read once the
+    pass's copy is done, so it never waits)."""
 
-    def __init__(self):
+    def __init__(self, like):
+        self.events = None
+        if like.is_cuda:
+            import torch
+
+            self.events = [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
+            self.events[0].record()
+
+    def stop(self) -> None:
+        if self.events:
+            self.events[1].record()
+
+    def seconds(self) -> float:
+        return self.events[0].elapsed_time(self.events[1]) / 1e3 if self.events else 0.0
+
+
+class PinnedPool:
+    """The pinned host buffers passes are copied into, reused: pinning (cudaHostAlloc) takes tens
+    of ms per 100 MB and holds the CUDA driver meanwhile, so it must not happen in the forward pass
+    once the run is timed. The writer gives each buffer back once written; `take` waits for one
+    (it cannot while the writer's queue has room: the pool holds every buffer that can be in flight)."""
+
+    ROUND = 64 << 20  # grown buffers are rounded up: passes vary in length
+
+    def __init__(self, count: int, stats: Stats | None = None):
+        self.count, self.stats = count, stats or Stats()
+        self._free: list = []
+        self._made = 0
+        self._cv = threading.Condition()
+
+    def _alloc(self, nbytes: int):
+        import torch
+
+        t0 = time.perf_counter()
+        buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        self.stats.pin_allocs += 1
+        self.stats.pin_alloc_s += time.perf_counter() - t0
+        return buf
+
+    def fill(self, nbytes: int) -> None:
+        """Pin every buffer now at `nbytes` (a whole pass), before the first captured pass."""
+        with self._cv:
+            while self._made < self.count:
+                self._free.append(self._alloc(nbytes))
+                self._made += 1
+
+    def take(self, nbytes: int):
+        with self._cv:
+            while not self._free and self._made >= self.count:
+                self._cv.wait()
+            self._free.sort(key=lambda b: b.numel())
+            for i, b in enumerate(self._free):
+                if b.numel() >= nbytes:  # the smallest that fits
+                    return self._free.pop(i)
+            if self._free:  # all too small: the smallest is replaced by a larger one
+                self._free.pop(0)
+            else:
+                self._made += 1
+        return self._alloc(-(-nbytes // self.ROUND) * self.ROUND)
+
+    def give(self, buf) -> None:
+        with self._cv:
+            self._free.append(buf)
+            self._cv.notify()
+
+
+class HostCopy:
+    """GPU tensors -> host tensors, copied on a side stream that waits for the forward's work so
+    far. The first (the planes) goes into a pooled pinned buffer, the rest (small) into fresh
+    pinned tensors. Returns the event that marks the copy done (None on the CPU), the pool buffer
+    to give back once written, and the host tensors."""
+
+    def __init__(self, pool: PinnedPool):
+        self.pool = pool
         self._stream = None
 
     def __call__(self, tensors):
         import torch
 
         first = tensors[0]
+        buf = self.pool.take(first.numel() * first.element_size())
+        host0 = buf[: first.numel() * first.element_size()].view(first.dtype).view(first.shape)
         if not first.is_cuda:
-            return None, list(tensors)
+            host0.copy_(first)
+            return None, buf, [host0, *tensors[1:]]
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=first.device)
         self._stream.wait_stream(torch.cuda.current_stream(first.device))
-        out = []
+        out = [host0]
         with torch.cuda.stream(self._stream):
-            for t in tensors:
+            host0.copy_(first, non_blocking=True)
+            for t in tensors[1:]:
                 if t is None:
                     out.append(None)
                     continue
@@ -199,14 +324,25 @@ class HostCopy:
         for t in tensors:
             if t is not None:
                 t.record_stream(self._stream)
-        return done, out
+        return done, buf, out
 
 
 class WriterThread:
     """A bounded queue of copied passes and the thread that writes them as raw records."""
 
-    def __init__(self, writer: CaptureWriter, rid_prefix: str, queue_size: int, write: bool = True):
+    def __init__(
+        self,
+        writer: CaptureWriter,
+        rid_prefix: str,
+        queue_size: int,
+        write: bool = True,
+        stats: Stats | None = None,
+        stats_path=None,
+        pool: PinnedPool | None = None,
+    ):
         self.writer, self.prefix, self.write = writer, rid_prefix, write
+        self.stats, self.stats_path, self._stats_at = stats or Stats(), stats_path, 0.0
+        self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._thread = threading.Thread(target=self._drain, name="hs-dump-writer", daemon=True)
         self._thread.start()
@@ -218,18 +354,26 @@ class WriterThread:
         while True:
             item = self.queue.get()
             if item is None:
+                self._save_stats()
                 return
-            done, rids, pre, ext, ids, host, orig = item
+            done, buf, timer, rids, pre, ext, ids, host, orig = item
             try:
+                t0 = time.perf_counter()
                 if done is not None:
                     done.synchronize()
+                t1 = time.perf_counter()
+                self.stats.copy_wait_s += t1 - t0
+                self.stats.split_gpu_s += timer.seconds()
                 if not self.write:
                     continue
                 lasts = None
                 if orig is not None and len(orig) >= len(rids):
                     o = orig.tolist()
                     lasts = [p + n == o[i] for i, (p, n) in enumerate(zip(pre, ext))]
-                self.writer.write_pass(rids, pre, ext, ids, host, lasts)
+                waited = self.writer.waited_s
+                self.stats.bytes += self.writer.write_pass(rids, pre, ext, ids, host, lasts)
+                self.stats.write_s += time.perf_counter() - t1
+                self.stats.budget_wait_s += self.writer.waited_s - waited
             except Exception as e:
                 log.exception("hidden-state write failed")
                 for r in rids:
@@ -238,8 +382,26 @@ class WriterThread:
                             self.writer.write_error(r, f"writer: {type(e).__name__}: {e}")
                         except OSError:
                             pass
-            finally:
+            finally:  # written (or failed): nothing reads the buffer any more
+                if self.pool is not None:
+                    self.pool.give(buf)
+                self.stats.passes += 1
+                self.stats.tokens += sum(ext)
+                self._save_stats(every_s=0.0 if self.queue.empty() else 1.0)  # fresh whenever it idles
                 self.queue.task_done()
+
+    def _save_stats(self, every_s: float = 0.0) -> None:
+        now = time.monotonic()
+        if self.stats_path is None or now - self._stats_at < every_s:
+            return
+        self._stats_at = now
+        tmp = f"{self.stats_path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(asdict(self.stats), f)
+            os.replace(tmp, self.stats_path)
+        except OSError:
+            log.warning("cannot write hook stats to %s", self.stats_path)
 
     def flush(self) -> None:
         self.queue.join()

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import struct
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -275,9 +278,47 @@ class Scratch:
         return self.buf[:n]
 
 
-def decode(frame, expected_crc: int | None = None, scratch: Scratch | None = None) -> tuple[dict, dict]:
+class Recycler:
+    """Output memory handed back once the caller drops the array: a fresh 134 MB array costs the
+    kernel a page fault and a zeroed page per 4 KiB on first write, ~a fifth of a decode
+    (docs/benchmarks.md); reused memory costs neither. take() returns a new array over a block's
+    memory; a finalizer on that array gives the block back when it dies, which is only once every
+    view of it is gone (numpy points a view's base at it, torch.from_numpy holds it). Thread-safe;
+    at most `keep` free blocks are held."""
+
+    ROUND = 16 << 20  # blocks are rounded up: samples vary in length
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int, dtype=np.uint16) -> np.ndarray:
+        nbytes = n * np.dtype(dtype).itemsize
+        with self._lock:
+            fits = [m for m in reversed(self._free) if len(m) >= nbytes]
+            block = min(fits, key=len) if fits else None  # the smallest, the last given back of equals
+            if block is not None:
+                self._free.remove(block)
+        if block is None:
+            block = mmap.mmap(-1, max(1, -(-nbytes // self.ROUND) * self.ROUND))
+        arr = np.frombuffer(block, dtype, count=n)  # its base is the mapping, so views collapse onto arr
+        weakref.finalize(arr, self._give, block)
+        return arr
+
+    def _give(self, block: mmap.mmap) -> None:
+        with self._lock:
+            self._free.append(block)
+            if len(self._free) > self.keep:
+                self._free.remove(min(self._free, key=len))
+
+
+def decode(
+    frame, expected_crc: int | None = None, scratch: Scratch | None = None, recycler: Recycler | None = None
+) -> tuple[dict, dict]:
     """One record -> (meta, name -> numpy array; bf16 as uint16 bits). Raises CorruptRecord.
-    scratch: a buffer to reuse for frame A (a reader's own); a fresh one if None."""
+    scratch: a buffer to reuse for frame A (a reader's own); a fresh one if None.
+    recycler: where the 16-bit outputs' memory comes from (a reader's own); fresh memory if None."""
     if expected_crc is not None and crc32(frame) != expected_crc:
         raise CorruptRecord(f"crc32 mismatch (stored {expected_crc:#010x}, read {crc32(frame):#010x})")
     try:
@@ -295,14 +336,15 @@ def decode(frame, expected_crc: int | None = None, scratch: Scratch | None = Non
         if said != size:  # zstd's reader would run on into frame B
             raise CorruptRecord(f"frame A holds {size} bytes, its header says {said}")
         out, last = {}, len(header["tensors"]) - 1
+        words = recycler.take if recycler is not None else (lambda n: np.empty(n, np.uint16))
         for i, t in enumerate(header["tensors"]):
             n = int(np.prod(t["shape"], dtype=np.int64))
             if t["transform"] != "byteplane":
                 arr, off = body[off : off + t["nbytes"]].copy(), off + t["nbytes"]
             elif i == last and header.get("tail"):
-                arr, off = _join(body[off : off + n], raw_tail(frame, header["tail"]), n), off + n
+                arr, off = _join(body[off : off + n], raw_tail(frame, header["tail"]), words(n)), off + n
             else:
-                arr, off = from_planes(body[off : off + n], body[off + n : off + 2 * n]), off + 2 * n
+                arr, off = from_planes(body[off : off + n], body[off + n : off + 2 * n], words(n)), off + 2 * n
             out[t["name"]] = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
     except CorruptRecord:
         raise
@@ -311,13 +353,12 @@ def decode(frame, expected_crc: int | None = None, scratch: Scratch | None = Non
     return header["meta"], out
 
 
-def _join(high: np.ndarray, low: list, n: int) -> np.ndarray:
-    """The high plane and frame B's raw blocks -> [n] 16-bit words, CHUNK values at a time so each
-    chunk's high bytes are joined with their low bytes while in cache."""
-    full, last = low
+def _join(high: np.ndarray, low: list, out: np.ndarray) -> np.ndarray:
+    """The high plane and frame B's raw blocks -> `out`, [n] 16-bit words, CHUNK values at a time so
+    each chunk's high bytes are joined with their low bytes while in cache."""
+    full, last, n = *low, out.size
     if full.size + last.size != n:
         raise CorruptRecord(f"low plane holds {full.size + last.size} bytes for {n} values")
-    out = np.empty(n, np.uint16)
     rows = CHUNK // RAW_BLOCK
     for r0 in range(0, full.shape[0], rows):  # full blocks, [rows, RAW_BLOCK] at a time
         lo = full[r0 : r0 + rows]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .codec import CorruptRecord, Scratch, decode
+from .codec import CorruptRecord, Recycler, Scratch, decode
 from .store import SHARD_DIR, read_index, read_manifest
 
 
@@ -38,6 +38,7 @@ class ShardReader:
         self._maps: dict[str, mmap.mmap] = {}
         self._pid = None
         self._local = threading.local()  # a decode buffer per thread: threads sharing one would mix samples
+        self._recycler = Recycler()  # the outputs' memory, back once the caller drops them
 
     def __len__(self) -> int:
         return len(self.records)
@@ -78,7 +79,7 @@ class ShardReader:
     def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
         rec = self.by_id[sample_id]
         try:
-            return decode(self.read_frame(rec), rec["crc32"], self._scratch())
+            return decode(self.read_frame(rec), rec["crc32"], self._scratch(), self._recycler)
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None
 
@@ -97,12 +98,12 @@ class ShardReader:
     def __getstate__(self):  # picklable into spawn workers: no mappings, no buffers
         d = dict(self.__dict__)
         d["_maps"], d["_pid"] = {}, None
-        del d["_local"]
+        del d["_local"], d["_recycler"]
         return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
-        self._local = threading.local()
+        self._local, self._recycler = threading.local(), Recycler()
 
     def close(self):
         self._maps = {}  # unmapped once the last frame viewing them is gone
