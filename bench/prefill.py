@@ -170,6 +170,7 @@ def arm(name, args, model_dir, samples, warm):
         f"server.args.attention_backend={args.attention_backend}",
         f"capture.budget_gb={args.budget_gb}",
         f"shards.workers={args.workers}",
+        f"capture.writer_threads={args.writer_threads}",
         "capture.dump_timeout_s=120",
         f"server.args.tp_size={args.tp}",
         "+server.args.enforce_disable_flashinfer_allreduce_fusion=true",
@@ -232,7 +233,7 @@ def arm(name, args, model_dir, samples, warm):
                 workers=args.workers,
                 dump_timeout_s=120,
                 progress=Progress(len(samples), 5.0),
-                sync_records=args.sync_records,
+                sync_records=not args.no_sync_records,
             ).start()
         else:
             packer = NullPacker()
@@ -298,10 +299,13 @@ def main():
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--budget-gb", type=float, default=16)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--writer-threads", type=int, default=2, help="the hook's writer threads (capture.writer_threads)")
     ap.add_argument("--port", type=int, default=32000)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--work", default="/tmp/bench")
-    ap.add_argument("--sync-records", action="store_true", help="packer workers flush each record as appended")
+    ap.add_argument(
+        "--no-sync-records", action="store_true", help="packer workers leave flushing to the commit (the old way)"
+    )
     ap.add_argument("--out")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     args = ap.parse_args()

@@ -84,7 +84,8 @@ class CaptureConfig:
     budget_gb: float = 8.0
     rid_prefix: str = "hsx-"
     dump_timeout_s: float = 120.0  # after the response: no complete dump by then = failed sample
-    writer_queue: int = 4  # sglang hook: passes in flight between the GPU and the writer thread
+    writer_queue: int = 4  # sglang hook: passes in flight between the GPU and the writer threads
+    writer_threads: int = 2  # sglang hook: threads writing passes into dump_dir, per writer rank
 
 
 @dataclass

@@ -128,8 +128,10 @@ def test_sigterm_sigint_stop_gracefully_then_resume(tmp_path, sig):
     exactly_once(out, ids)
 
 
-def test_dump_budget_is_never_exceeded(tmp_path):
-    """A fast producer and a slow packer: the dump directory never holds more than the budget."""
+@pytest.mark.parametrize("writers", [1, 4])
+def test_dump_budget_is_never_exceeded(tmp_path, writers):
+    """A fast producer and a slow packer: the dump directory never holds more than the budget, also
+    with several writer threads (the hook's) waiting on it at once: each reserves what it will write."""
     dump = tmp_path / "dump"
     dump.mkdir()
     budget = 1_000_000
@@ -147,11 +149,18 @@ def test_dump_budget_is_never_exceeded(tmp_path):
                 time.sleep(0.02)
                 f.unlink()
 
+    def produce(k):
+        for i in range(k, 60, writers):
+            w.write_pass([f"hsx-{i}"], [0], [100], np.arange(100), piece)
+
     threads = [threading.Thread(target=watch), threading.Thread(target=slow_packer)]
     for t in threads:
         t.start()
-    for i in range(60):
-        w.write_pass([f"hsx-{i}"], [0], [100], np.arange(100), piece)
+    producers = [threading.Thread(target=produce, args=(k,)) for k in range(writers)]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
     stop.set()
     for t in threads:
         t.join()

@@ -115,6 +115,7 @@ def server_env(nccl, capture, dump_dir: Path, base=None, pass_tokens: int = 0) -
             int(capture.budget_gb * (1 << 30)),
             capture.writer_queue,
             pass_tokens,
+            capture.writer_threads,
         )
     )
     env.setdefault("PYTHONUNBUFFERED", "1")

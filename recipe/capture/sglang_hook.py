@@ -35,6 +35,7 @@ ENV_FINAL = "SGLANG_HS_FINAL"  # "1": also the final post-norm state
 ENV_PREFIX = "SGLANG_HS_RID_PREFIX"
 ENV_BUDGET = "SGLANG_HS_BUDGET_BYTES"
 ENV_QUEUE = "SGLANG_HS_QUEUE"
+ENV_WRITERS = "SGLANG_HS_WRITERS"  # writer threads: one copies ~2 GB/s into /dev/shm, TP=2 emits more
 ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but write nothing
 ENV_TRACE = "SGLANG_HS_TRACE"  # a folder: each writing process lists what it wrote (the TP/DP proofs)
 ENV_PASS_TOKENS = "SGLANG_HS_PASS_TOKENS"  # most tokens one pass holds (chunked_prefill_size): sizes the pool
@@ -42,7 +43,14 @@ ENV_STATS = "SGLANG_HS_STATS"  # a file: the hook's own timings, kept current (b
 
 
 def env_for(
-    dump_dir, layers, final: bool, rid_prefix: str, budget_bytes: int, queue_size: int = 4, pass_tokens: int = 0
+    dump_dir,
+    layers,
+    final: bool,
+    rid_prefix: str,
+    budget_bytes: int,
+    queue_size: int = 4,
+    pass_tokens: int = 0,
+    writers: int = 2,
 ) -> dict:
     """The server's environment that switches the dump on (the recipe's side of the contract)."""
     return {
@@ -53,6 +61,7 @@ def env_for(
         ENV_BUDGET: str(int(budget_bytes)),
         ENV_QUEUE: str(int(queue_size)),
         ENV_PASS_TOKENS: str(max(0, int(pass_tokens or 0))),
+        ENV_WRITERS: str(max(1, int(writers))),
     }
 
 
@@ -88,6 +97,7 @@ def install(model, env=os.environ):
         trace_dir=env.get(ENV_TRACE) or None,
         pass_bytes=pass_bytes,
         stats_path=env.get(ENV_STATS) or None,
+        writers=int(env.get(ENV_WRITERS, "2")),
     )
     log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
     return hook
@@ -122,7 +132,7 @@ class Stats:
 
 class DumpHook:
     """Selects the passes to dump and snapshots them; HostCopy moves them off the GPU and
-    WriterThread writes them, so the forward pass never waits for the disk."""
+    WriterThreads write them, so the forward pass never waits for the disk."""
 
     def __init__(
         self,
@@ -137,16 +147,19 @@ class DumpHook:
         trace_dir=None,
         pass_bytes: int = 0,
         stats_path=None,
+        writers: int = 2,
     ):
         self.layers, self.final, self.prefix = list(layers), final, rid_prefix
         self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix, trace_dir=trace_dir)
         self._is_writer = is_writer
         self._writer_rank: bool | None = None
         self.stats = Stats()
-        # every buffer that can be in flight: the queue's, the writer's, the one being filled
-        self.copy = HostCopy(PinnedPool(max(1, queue_size) + 2, self.stats))
+        # every buffer that can be in flight: the queue's, the writers', the one being filled
+        self.copy = HostCopy(PinnedPool(max(1, queue_size) + max(1, writers) + 1, self.stats))
         self._pass_bytes = int(pass_bytes)
-        self.thread = WriterThread(self.writer, rid_prefix, queue_size, write, self.stats, stats_path, self.copy.pool)
+        self.thread = WriterThreads(
+            self.writer, rid_prefix, queue_size, write, self.stats, stats_path, self.copy.pool, writers
+        )
         atexit.register(self.close)
 
     # -- in the forward pass -------------------------------------------------------------------
@@ -327,8 +340,11 @@ class HostCopy:
         return done, buf, out
 
 
-class WriterThread:
-    """A bounded queue of copied passes and the thread that writes them as raw records."""
+class WriterThreads:
+    """A bounded queue of copied passes and the threads that write them as raw records. Several:
+    one thread copies ~2 GB/s into /dev/shm (seen on the H200 host), about what one writer rank
+    emits at TP=1 and less than at TP=2; a pass's records are independent of the others', and the
+    packer orders pieces by offset, so the order passes are written in does not matter."""
 
     def __init__(
         self,
@@ -339,13 +355,19 @@ class WriterThread:
         stats: Stats | None = None,
         stats_path=None,
         pool: PinnedPool | None = None,
+        threads: int = 2,
     ):
         self.writer, self.prefix, self.write = writer, rid_prefix, write
         self.stats, self.stats_path, self._stats_at = stats or Stats(), stats_path, 0.0
+        self._stats_lock = threading.Lock()
         self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
-        self._thread = threading.Thread(target=self._drain, name="hs-dump-writer", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._drain, name=f"hs-dump-writer-{i}", daemon=True)
+            for i in range(max(1, threads))
+        ]
+        for t in self._threads:
+            t.start()
 
     def put(self, item) -> None:
         self.queue.put(item)
@@ -357,23 +379,19 @@ class WriterThread:
                 self._save_stats()
                 return
             done, buf, timer, rids, pre, ext, ids, host, orig = item
+            t0 = time.perf_counter()
+            t1, written = t0, 0
             try:
-                t0 = time.perf_counter()
                 if done is not None:
                     done.synchronize()
                 t1 = time.perf_counter()
-                self.stats.copy_wait_s += t1 - t0
-                self.stats.split_gpu_s += timer.seconds()
                 if not self.write:
                     continue
                 lasts = None
                 if orig is not None and len(orig) >= len(rids):
                     o = orig.tolist()
                     lasts = [p + n == o[i] for i, (p, n) in enumerate(zip(pre, ext))]
-                waited = self.writer.waited_s
-                self.stats.bytes += self.writer.write_pass(rids, pre, ext, ids, host, lasts)
-                self.stats.write_s += time.perf_counter() - t1
-                self.stats.budget_wait_s += self.writer.waited_s - waited
+                written = self.writer.write_pass(rids, pre, ext, ids, host, lasts)
             except Exception as e:
                 log.exception("hidden-state write failed")
                 for r in rids:
@@ -385,28 +403,36 @@ class WriterThread:
             finally:  # written (or failed): nothing reads the buffer any more
                 if self.pool is not None:
                     self.pool.give(buf)
-                self.stats.passes += 1
-                self.stats.tokens += sum(ext)
+                with self._stats_lock:
+                    st = self.stats
+                    st.passes, st.tokens, st.bytes = st.passes + 1, st.tokens + sum(ext), st.bytes + written
+                    st.copy_wait_s += t1 - t0
+                    st.write_s += time.perf_counter() - t1
+                    st.split_gpu_s += timer.seconds()
+                    st.budget_wait_s = self.writer.waited_s
                 self._save_stats(every_s=0.0 if self.queue.empty() else 1.0)  # fresh whenever it idles
                 self.queue.task_done()
 
     def _save_stats(self, every_s: float = 0.0) -> None:
-        now = time.monotonic()
-        if self.stats_path is None or now - self._stats_at < every_s:
-            return
-        self._stats_at = now
-        tmp = f"{self.stats_path}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(asdict(self.stats), f)
-            os.replace(tmp, self.stats_path)
-        except OSError:
-            log.warning("cannot write hook stats to %s", self.stats_path)
+        with self._stats_lock:
+            now = time.monotonic()
+            if self.stats_path is None or now - self._stats_at < every_s:
+                return
+            self._stats_at = now
+            tmp = f"{self.stats_path}.{threading.get_ident()}.tmp"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(asdict(self.stats), f)
+                os.replace(tmp, self.stats_path)
+            except OSError:
+                log.warning("cannot write hook stats to %s", self.stats_path)
 
     def flush(self) -> None:
         self.queue.join()
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        alive = [t for t in self._threads if t.is_alive()]
+        for _ in alive:
             self.queue.put(None)
-            self._thread.join(timeout=60)
+        for t in alive:
+            t.join(timeout=60)

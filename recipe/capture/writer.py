@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -52,19 +53,29 @@ class CaptureWriter:
         self.rid_prefix = rid_prefix
         self.poll_s = poll_s
         self.waited_s = 0.0  # time spent blocked on the dump budget (reported by the benchmarks)
+        self._lock = threading.Lock()
+        self._reserved = 0  # bytes other threads are about to write (the hook writes from several)
 
     def wait_for_budget(self, incoming: int = 0) -> None:
-        """Block while the dump directory holds more than the budget (the packer drains it).
-        A single record larger than the whole budget is let through once the directory is empty."""
+        """Block while the dump directory, with what other threads have reserved, holds more than the
+        budget (the packer drains it); then reserve `incoming` until release(incoming). A single
+        record larger than the whole budget is let through once the directory is empty."""
         t0 = None
         while True:
-            held = records.dir_bytes(self.dump_dir)
-            if held + incoming <= self.budget_bytes or held == 0:
-                break
+            with self._lock:
+                held = records.dir_bytes(self.dump_dir) + self._reserved
+                if held + incoming <= self.budget_bytes or held == 0:
+                    self._reserved += incoming
+                    break
             t0 = t0 or time.monotonic()
             time.sleep(self.poll_s)
         if t0:
-            self.waited_s += time.monotonic() - t0
+            with self._lock:
+                self.waited_s += time.monotonic() - t0
+
+    def release(self, reserved: int) -> None:
+        with self._lock:
+            self._reserved -= reserved
 
     def write_pass(self, rids, prefix_lens, extend_lens, input_ids, hidden, lasts=None) -> int:
         """input_ids [T], hidden [T, slots, H] words or [2, T, slots, H] planes (T may exceed
@@ -78,18 +89,22 @@ class CaptureWriter:
         starts = np.concatenate([[0], np.cumsum(extend_lens)]).astype(int)
         ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
         # one look at the directory per pass: the writer thread must not rescan it for every request
-        self.wait_for_budget(sum(planes[:, starts[i] : starts[i + 1]].nbytes for i in ours))
+        incoming = sum(planes[:, starts[i] : starts[i + 1]].nbytes for i in ours)
+        self.wait_for_budget(incoming)
         written = 0
-        for i in ours:
-            a, b = starts[i], starts[i + 1]
-            written += records.write_record(
-                self.dump_dir,
-                rids[i],
-                int(prefix_lens[i]),
-                ids[a:b],
-                planes[:, a:b],
-                None if lasts is None else bool(lasts[i]),
-            )
+        try:
+            for i in ours:
+                a, b = starts[i], starts[i + 1]
+                written += records.write_record(
+                    self.dump_dir,
+                    rids[i],
+                    int(prefix_lens[i]),
+                    ids[a:b],
+                    planes[:, a:b],
+                    None if lasts is None else bool(lasts[i]),
+                )
+        finally:
+            self.release(incoming)  # written: the directory counts it now
         if self.trace is not None and ours:
             with open(self.trace, "a") as f:
                 f.writelines(f"{rids[i]} {int(prefix_lens[i])} {starts[i + 1] - starts[i]}\n" for i in ours)
