@@ -198,13 +198,13 @@ MUTATIONS = {
     "pool_buffer_back_before_written": (  # the next pass's copy overwrites a pass still being written
         "recipe/capture/sglang_hook.py",
         (
-            "                self.stats.copy_wait_s += t1 - t0\n",
+            "                t1 = time.perf_counter()\n",
             "            finally:  # written (or failed): nothing reads the buffer any more\n"
             "                if self.pool is not None:\n"
             "                    self.pool.give(buf)\n",
         ),
         (
-            "                self.stats.copy_wait_s += t1 - t0\n                self.pool.give(buf)\n",
+            "                t1 = time.perf_counter()\n                self.pool.give(buf)\n",
             "            finally:\n",
         ),
         ["tests/test_sglang_hook.py::test_a_pool_buffer_is_reused_only_after_its_pass_is_written"],
