@@ -180,6 +180,8 @@ def validate(cfg) -> None:
         (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),
         (c.budget_gb > 0, f"capture.budget_gb={c.budget_gb} must be > 0"),
         (c.dump_timeout_s > 0, f"capture.dump_timeout_s={c.dump_timeout_s} must be > 0"),
+        (c.writer_queue >= 1, f"capture.writer_queue={c.writer_queue} must be >= 1"),
+        (c.writer_threads >= 1, f"capture.writer_threads={c.writer_threads} must be >= 1"),
         (cl.concurrency >= 1, f"client.concurrency={cl.concurrency} must be >= 1"),
         (cl.retries >= 0, f"client.retries={cl.retries} must be >= 0"),
         (cl.timeout_s > 0, f"client.timeout_s={cl.timeout_s} must be > 0"),

@@ -227,6 +227,15 @@ MUTATIONS = {
         "                held = records.dir_bytes(self.dump_dir)\n",
         ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
     ),
+    "recycled_memory_shared_with_forks": (  # a forked worker's decode lands in the parent's sample
+        "recipe/shards/codec.py",
+        "flags=mmap.MAP_PRIVATE)",
+        "flags=mmap.MAP_SHARED)",
+        [
+            "tests/test_roundtrip.py::"
+            "test_a_forked_worker_decoding_into_recycled_memory_leaves_the_parents_samples_alone"
+        ],
+    ),
     "frame_a_size_unchecked": (  # a short frame A read on into the raw tail
         "recipe/shards/codec.py",
         "        if said != size:  # zstd's reader would run on into frame B",

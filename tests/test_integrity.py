@@ -347,6 +347,7 @@ def test_a_server_this_run_did_not_start_is_never_used(tmp_path, tiny_model_dir)
         ("shards.zstd_level=99", "shards.zstd_level=99"),
         ("data.limit=-5", "data.limit=-5 must be >= 1"),
         ("data.max_failures=-1", "data.max_failures=-1.0 must be >= 0"),
+        ("capture.writer_threads=0", "capture.writer_threads=0 must be >= 1"),
         ("data.max_length=100000", "exceeds the model's max_position_embeddings=8192"),
     ],
 )

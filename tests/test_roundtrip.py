@@ -243,6 +243,32 @@ def test_a_samples_memory_is_reused_only_once_nothing_views_it(tmp_path):
     assert r.get("s3")["hidden"].data_ptr() == ptr
 
 
+def test_a_forked_worker_decoding_into_recycled_memory_leaves_the_parents_samples_alone(tmp_path):
+    """DataLoader fork workers inherit the reader with its free memory: each process's decodes must
+    land in its own copy of it."""
+    import gc
+    import multiprocessing as mp
+
+    root, want = small_shards(tmp_path, n=3, tokens=256, hidden=512)
+    r = ShardReader(root)
+    r.get_numpy("s0")  # dropped at once: its memory waits in the reader for the next sample
+    gc.collect()
+    ctx = mp.get_context("fork")
+    go, ok = ctx.Event(), ctx.Value("b", 0)
+
+    def child():
+        go.wait(10)
+        ok.value = int(np.array_equal(r.get_numpy("s1")[1]["hidden"], want["s1"]))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    mine = r.get_numpy("s2")[1]["hidden"]  # the same free memory as the child's next sample
+    go.set()
+    proc.join(30)
+    assert proc.exitcode == 0 and ok.value == 1
+    assert np.array_equal(mine, want["s2"])
+
+
 def mk_sample(i, n, rng):
     ids = rng.integers(0, 256, n).astype(np.int32)
     return Sample(

@@ -9,9 +9,9 @@ What a call does, on an exact EXTEND pass that holds at least one of the recipe'
 one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
 split the K aux captures and the final state into byte planes, written straight into one
 [2, T, K+1, H] tensor, start its copy into a pinned host buffer (from a pool the writer gives back)
-on a side stream, and hand it to a writer thread through a bounded queue. The GPU stream never
-waits for the disk; the forward pass only blocks when the queue is full, i.e. when the writer is
-held back by the dump budget (the packer is behind).
+on a side stream, and hand it to the writer threads through a bounded queue. The GPU stream never
+waits for the disk; the forward pass only blocks when the queue is full, i.e. when the writers fall
+behind: held back by the dump budget (the packer is behind), or slower than the GPU.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Stats:
     """Where the time goes (SGLANG_HS_STATS; bench/prefill.py reports it). forward_s is the hook's
     wall time in the forward thread: all it starts on the GPU is asynchronous, so this is what the
     scheduler loses to it on the host, pinning and waits for a free buffer included; split_gpu_s is
-    the GPU time of the plane split; the rest is the writer thread's."""
+    the GPU time of the plane split; copy_wait_s and write_s are summed over the writer threads."""
 
     passes: int = 0
     tokens: int = 0
@@ -218,7 +218,7 @@ class DumpHook:
         orig = orig.clone() if orig is not None else None
         done, buf, (host, host_ids, host_orig) = self.copy([planes, ids, orig])
         t0 = time.perf_counter()
-        # blocks only when the writer is behind
+        # blocks only when the writers are behind
         self.thread.put((done, buf, timer, rids, pre, ext, host_ids, host, host_orig))
         self.stats.put_wait_s += time.perf_counter() - t0
 
@@ -252,8 +252,8 @@ class GpuTimer:
 class PinnedPool:
     """The pinned host buffers passes are copied into, reused: pinning (cudaHostAlloc) takes tens
     of ms per 100 MB and holds the CUDA driver meanwhile, so it must not happen in the forward pass
-    once the run is timed. The writer gives each buffer back once written; `take` waits for one
-    (it cannot while the writer's queue has room: the pool holds every buffer that can be in flight)."""
+    once the run is timed. A writer thread gives each buffer back once written; `take` waits for one
+    (never while the writers' queue has room: the pool holds every buffer that can be in flight)."""
 
     ROUND = 64 << 20  # grown buffers are rounded up: passes vary in length
 
@@ -380,11 +380,12 @@ class WriterThreads:
                 return
             done, buf, timer, rids, pre, ext, ids, host, orig = item
             t0 = time.perf_counter()
-            t1, written = t0, 0
+            t1, written, gpu_s = t0, 0, 0.0
             try:
                 if done is not None:
                     done.synchronize()
                 t1 = time.perf_counter()
+                gpu_s = timer.seconds()
                 if not self.write:
                     continue
                 lasts = None
@@ -408,7 +409,7 @@ class WriterThreads:
                     st.passes, st.tokens, st.bytes = st.passes + 1, st.tokens + sum(ext), st.bytes + written
                     st.copy_wait_s += t1 - t0
                     st.write_s += time.perf_counter() - t1
-                    st.split_gpu_s += timer.seconds()
+                    st.split_gpu_s += gpu_s
                     st.budget_wait_s = self.writer.waited_s
                 self._save_stats(every_s=0.0 if self.queue.empty() else 1.0)  # fresh whenever it idles
                 self.queue.task_done()

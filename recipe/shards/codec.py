@@ -300,8 +300,8 @@ class Recycler:
             block = min(fits, key=len) if fits else None  # the smallest, the last given back of equals
             if block is not None:
                 self._free.remove(block)
-        if block is None:
-            block = mmap.mmap(-1, max(1, -(-nbytes // self.ROUND) * self.ROUND))
+        if block is None:  # private: a forked DataLoader worker writing into it must not write into ours
+            block = mmap.mmap(-1, max(1, -(-nbytes // self.ROUND) * self.ROUND), flags=mmap.MAP_PRIVATE)
         arr = np.frombuffer(block, dtype, count=n)  # its base is the mapping, so views collapse onto arr
         weakref.finalize(arr, self._give, block)
         return arr
