@@ -28,11 +28,12 @@ from recipe.shards.store import ShardStore  # noqa: E402
 
 def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
     """Where one get() goes, each stage timed alone (best of reps): read (a view of the mapped
-    shard), crc, frame_a (zstd into a warm scratch buffer), join (the planes into output words
+    shard), crc, frame_a (zstd into reused memory), join (the planes into output words
     whose memory is reused, as get() does), join_fresh (into freshly allocated words: what the
     reuse saves), and get() whole for comparison."""
     frame = r.read_frame(rec)
-    body = codec.Scratch().take(zstd.frame_content_size(frame))
+    body = np.empty(zstd.frame_content_size(frame), np.uint8)
+    body[:] = 0  # paged in, as the reader's recycled memory is
     codec._read_into(zstd.ZstdDecompressor().stream_reader(frame, read_size=len(frame)), memoryview(body))
     header, _ = codec._header(body)
     n = int(np.prod(header["tensors"][-1]["shape"]))

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from . import schema
-from .backends.sglang import Server, hydra_run_dir, pass_tokens, server_argv, server_env
+from .backends.sglang import Server, hydra_run_dir, server_argv, server_env
 from .capture.dumpdir import dump_dir
 from .main import CONF_DIR
 from .tiny import resolve_model_path
@@ -27,7 +27,7 @@ def serve(cfg: DictConfig, run_dir: Path | None = None) -> int:
     with dump_dir(cfg.capture.dump_dir) as dump:
         srv = Server(
             server_argv(cfg.server, resolve_model_path(cfg.model.path)),
-            server_env(cfg.nccl, cfg.capture, dump, pass_tokens=pass_tokens(cfg.server.args)),
+            server_env(cfg.nccl, cfg.capture, dump, server=cfg.server),
             Path(run_dir or hydra_run_dir() or ".") / "server.log",
             f"http://127.0.0.1:{cfg.server.port}",
             cfg.server.ready_timeout_s,

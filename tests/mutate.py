@@ -189,10 +189,10 @@ MUTATIONS = {
         "                if False:",
         ["tests/test_roundtrip.py::test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads"],
     ),
-    "decode_buffer_shared_by_threads": (
-        "recipe/shards/reader.py",
-        "        self._local = threading.local()  # a decode buffer per thread",
-        "        self._local = self  # a decode buffer per thread",
+    "decode_buffer_shared_by_threads": (  # frame A's memory free for the next decode while still in use
+        "recipe/shards/codec.py",
+        "        body = take(size, np.uint8)\n",
+        "        body = take(size, np.uint8)\n        recycler._give(body.base)\n",
         ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
     ),
     "pool_buffer_back_before_written": (  # the next pass's copy overwrites a pass still being written

@@ -55,6 +55,9 @@ def test_server_argv_and_env(tmp_path):
     assert env["SGLANG_HS_DUMP_DIR"] == str(tmp_path / "dump") and env["SGLANG_HS_LAYERS"] == "3,31,59"
     assert env["SGLANG_HS_FINAL"] == "1" and env["SGLANG_HS_RID_PREFIX"] == "hsx-"
     assert env["NCCL_IB_DISABLE"] == "1"  # the nvlink-node preset
+    # the hook pins its buffers for a whole pass up front: chunked prefill bounds a pass's tokens
+    sized = server_env(cfg.nccl, cfg.capture, tmp_path / "dump", base={}, server=cfg.server)
+    assert sized["SGLANG_HS_PASS_TOKENS"] == "16384" and sized["SGLANG_HS_WRITERS"] == "2"
 
 
 @pytest.mark.parametrize(

@@ -95,15 +95,16 @@ def server_argv(server, model_dir: Path) -> list[str]:
     ]
 
 
-def pass_tokens(args) -> int:
+def _pass_tokens(args) -> int:
     """The most tokens one forward pass holds (chunked prefill bounds a batch's new tokens): sizes
     the hook's pinned buffers up front. 0 when unbounded here (the hook then grows them)."""
     chunk = int(args.get("chunked_prefill_size") or 0)
     return chunk if chunk > 0 else int(args.get("max_prefill_tokens") or 0)
 
 
-def server_env(nccl, capture, dump_dir: Path, base=None, pass_tokens: int = 0) -> dict:
-    """The server's environment: the `nccl` node's variables and the hook's switches from `capture`."""
+def server_env(nccl, capture, dump_dir: Path, base=None, server=None) -> dict:
+    """The server's environment: the `nccl` node's variables and the hook's switches from `capture`
+    (and from `server.args`, the most tokens a pass holds)."""
     env = dict(os.environ if base is None else base)
     env.update({k: str(v) for k, v in OmegaConf.to_container(nccl.env, resolve=True).items()})
     env.update(
@@ -114,7 +115,7 @@ def server_env(nccl, capture, dump_dir: Path, base=None, pass_tokens: int = 0) -
             capture.rid_prefix,
             int(capture.budget_gb * (1 << 30)),
             capture.writer_queue,
-            pass_tokens,
+            _pass_tokens(server.args) if server is not None else 0,
             capture.writer_threads,
         )
     )
@@ -274,7 +275,7 @@ class SGLangBackend:
         run_dir = Path(run_dir or hydra_run_dir() or Path(output_dir) / "logs")
         self.server = Server(
             server_argv(server, model_dir),
-            server_env(nccl, capture, dump_dir, pass_tokens=pass_tokens(server.args)),
+            server_env(nccl, capture, dump_dir, server=server),
             run_dir / "server.log",
             self.url,
             server.ready_timeout_s,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from .codec import CorruptRecord, Recycler, Scratch, crc32, decode, tail_frame_follows
+from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
 from .reader import ShardReader
 from .store import SHARD_DIR
 
@@ -69,13 +69,13 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     for shard, ids in lost.items():
         what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
         problems.append(f"{shard} {what}: {len(ids)} samples lost (a resume redoes them): {', '.join(ids)}")
-    scratch, recycler = Scratch(), Recycler()  # one sample's memory, reused for every sample
+    recycler = Recycler()  # one sample's memory, reused for every sample
     for rec in r.records:
         where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
         if rec["shard"] in lost:
             continue
         try:
-            meta, arrs = decode(r.read_frame(rec), rec["crc32"], scratch, recycler)
+            meta, arrs = decode(r.read_frame(rec), rec["crc32"], recycler)
         except (CorruptRecord, OSError) as e:
             problems.append(f"{where}: {e}")
             continue

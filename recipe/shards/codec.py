@@ -265,26 +265,14 @@ def tail_frame_follows(frame: bytes) -> bool:
 CHUNK = 2 * RAW_BLOCK  # values joined at a time: the high bytes are read while still in cache
 
 
-class Scratch:
-    """A decode buffer kept across records: frame A decodes into memory already paged in (fresh
-    pages cost a VM dearly; docs/benchmarks.md section 0). Nothing decode returns aliases it."""
-
-    def __init__(self):
-        self.buf = np.empty(0, np.uint8)
-
-    def take(self, n: int) -> np.ndarray:
-        if self.buf.size < n:
-            self.buf = np.empty(n, np.uint8)
-        return self.buf[:n]
-
-
 class Recycler:
-    """Output memory handed back once the caller drops the array: a fresh 134 MB array costs the
-    kernel a page fault and a zeroed page per 4 KiB on first write, ~a fifth of a decode
+    """Decode memory handed back once nothing uses it: frame A's content (dropped when decode
+    returns) and the output words (once the caller drops every view). A fresh 134 MB array costs
+    the kernel a page fault and a zeroed page per 4 KiB on first write, ~a fifth of a decode
     (docs/benchmarks.md); reused memory costs neither. take() returns a new array over a block's
     memory; a finalizer on that array gives the block back when it dies, which is only once every
-    view of it is gone (numpy points a view's base at it, torch.from_numpy holds it). Thread-safe;
-    at most `keep` free blocks are held."""
+    view of it is gone (numpy points a view's base at it, torch.from_numpy holds it): so two
+    threads decoding at once never share a block. Thread-safe; at most `keep` free blocks are held."""
 
     ROUND = 16 << 20  # blocks are rounded up: samples vary in length
 
@@ -296,12 +284,16 @@ class Recycler:
     def take(self, n: int, dtype=np.uint16) -> np.ndarray:
         nbytes = n * np.dtype(dtype).itemsize
         with self._lock:
-            fits = [m for m in reversed(self._free) if len(m) >= nbytes]
-            block = min(fits, key=len) if fits else None  # the smallest, the last given back of equals
+            fits = [m for m in self._free if len(m) >= nbytes]
+            # the smallest; of equals the first given back: frame A's block comes back (at decode's
+            # return) before the output's, so each block keeps its role from sample to sample
+            block = min(fits, key=len) if fits else None
             if block is not None:
                 self._free.remove(block)
         if block is None:  # private: a forked DataLoader worker writing into it must not write into ours
             block = mmap.mmap(-1, max(1, -(-nbytes // self.ROUND) * self.ROUND), flags=mmap.MAP_PRIVATE)
+            if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy asks for its own large arrays: fewer TLB misses
+                block.madvise(mmap.MADV_HUGEPAGE)
         arr = np.frombuffer(block, dtype, count=n)  # its base is the mapping, so views collapse onto arr
         weakref.finalize(arr, self._give, block)
         return arr
@@ -313,12 +305,10 @@ class Recycler:
                 self._free.remove(min(self._free, key=len))
 
 
-def decode(
-    frame, expected_crc: int | None = None, scratch: Scratch | None = None, recycler: Recycler | None = None
-) -> tuple[dict, dict]:
+def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> tuple[dict, dict]:
     """One record -> (meta, name -> numpy array; bf16 as uint16 bits). Raises CorruptRecord.
-    scratch: a buffer to reuse for frame A (a reader's own); a fresh one if None.
-    recycler: where the 16-bit outputs' memory comes from (a reader's own); fresh memory if None."""
+    recycler: where frame A's content and the 16-bit outputs are decoded into (a reader's own);
+    fresh memory if None."""
     if expected_crc is not None and crc32(frame) != expected_crc:
         raise CorruptRecord(f"crc32 mismatch (stored {expected_crc:#010x}, read {crc32(frame):#010x})")
     try:
@@ -327,7 +317,8 @@ def decode(
         size = zstd.frame_content_size(frame)
         if size < 0:
             raise CorruptRecord("record's frame A does not state its size")
-        body = scratch.take(size) if scratch is not None else np.empty(size, np.uint8)
+        take = recycler.take if recycler is not None else np.empty
+        body = take(size, np.uint8)
         _read_into(zstd.ZstdDecompressor().stream_reader(frame, read_size=len(frame)), memoryview(body))
         header, off = _header(body)
         if header.get("v") not in READS:
@@ -336,15 +327,15 @@ def decode(
         if said != size:  # zstd's reader would run on into frame B
             raise CorruptRecord(f"frame A holds {size} bytes, its header says {said}")
         out, last = {}, len(header["tensors"]) - 1
-        words = recycler.take if recycler is not None else (lambda n: np.empty(n, np.uint16))
         for i, t in enumerate(header["tensors"]):
             n = int(np.prod(t["shape"], dtype=np.int64))
             if t["transform"] != "byteplane":
                 arr, off = body[off : off + t["nbytes"]].copy(), off + t["nbytes"]
             elif i == last and header.get("tail"):
-                arr, off = _join(body[off : off + n], raw_tail(frame, header["tail"]), words(n)), off + n
+                arr, off = _join(body[off : off + n], raw_tail(frame, header["tail"]), take(n, np.uint16)), off + n
             else:
-                arr, off = from_planes(body[off : off + n], body[off + n : off + 2 * n], words(n)), off + 2 * n
+                lo = body[off + n : off + 2 * n]
+                arr, off = from_planes(body[off : off + n], lo, take(n, np.uint16)), off + 2 * n
             out[t["name"]] = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
     except CorruptRecord:
         raise

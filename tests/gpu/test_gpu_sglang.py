@@ -28,7 +28,7 @@ import pytest
 import torch
 from conftest import compose
 
-from recipe.backends.sglang import Server, pass_tokens, server_argv, server_env
+from recipe.backends.sglang import Server, server_argv, server_env
 from recipe.capture import records, sglang_hook
 from recipe.main import RunFailed, run
 from recipe.shards import ShardReader
@@ -121,7 +121,7 @@ class Running:
         )
         self.url = f"http://127.0.0.1:{port}"
         self.log = WORK / f"server-{kind}-{port}.log"
-        env = server_env(self.cfg.nccl, self.cfg.capture, self.dump, pass_tokens=pass_tokens(self.cfg.server.args))
+        env = server_env(self.cfg.nccl, self.cfg.capture, self.dump, server=self.cfg.server)
         env[sglang_hook.ENV_TRACE] = str(self.trace)
         if FAKE:
             env["FAKE_SGLANG_MODE"] = fake_mode
