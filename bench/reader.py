@@ -29,8 +29,9 @@ from recipe.shards.store import ShardStore  # noqa: E402
 def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
     """Where one get() goes, each stage timed alone (best of reps): read (a view of the mapped
     shard), crc, frame_a (zstd into reused memory), join (the planes into output words
-    whose memory is reused, as get() does), join_fresh (into freshly allocated words: what the
-    reuse saves), and get() whole for comparison."""
+    whose memory is reused, as get() does, with codec.JOIN's join), join_fresh (into freshly
+    allocated words: what the reuse saves), join_numpy (numpy's join, the fallback), and get()
+    whole for comparison."""
     frame = r.read_frame(rec)
     body = np.empty(zstd.frame_content_size(frame), np.uint8)
     body[:] = 0  # paged in, as the reader's recycled memory is
@@ -39,6 +40,14 @@ def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
     n = int(np.prod(header["tensors"][-1]["shape"]))
     low, high = codec.raw_tail(frame, header["tail"]), body[-n:]
     recycler = codec.Recycler()
+
+    def join_numpy():  # the fallback where _join.c is not built, on the same planes
+        compiled, codec._compiled_join = codec._compiled_join, None
+        try:
+            codec._join(high, low, recycler.take(n))
+        finally:
+            codec._compiled_join = compiled
+
     steps = {
         "read": lambda: r.read_frame(rec),
         "crc": lambda: codec.crc32(frame),
@@ -47,6 +56,7 @@ def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
         ),
         "join": lambda: codec._join(high, low, recycler.take(n)),
         "join_fresh": lambda: codec._join(high, low, np.empty(n, np.uint16)),
+        "join_numpy": join_numpy,
         "get_total": lambda: r.get(rec["id"]),
     }
     out = {}
@@ -81,12 +91,12 @@ def main():
             "model": {"hidden_size": a.hidden},
         },
     )
-    codec = Codec(a.level) if a.level else Codec(entropy_only=True)
+    coder = Codec(a.level) if a.level else Codec(entropy_only=True)
     for i in range(a.samples):
         f = rng.standard_normal((a.tokens, 4, a.hidden), dtype=np.float32) * 0.05
         h = (f.view(np.uint32) >> 16).astype(np.uint16)
         meta = {"id": f"s{i}", "dtypes": {"input_ids": "int32", "loss_mask": "uint8", "hidden": "bfloat16"}}
-        frame = codec.encode(
+        frame = coder.encode(
             meta,
             {
                 "input_ids": ("int32", np.zeros(a.tokens, np.int32)),
@@ -124,6 +134,7 @@ def main():
         "sequential_raw_MB_s": round(a.samples * raw / seq / 1e6, 1),
         "ratio": round(raw / len(frame), 4),
         "decode_stages_ms": stages,
+        "join": codec.JOIN,
         "tokens_read": n,
     }
     print(json.dumps(res))

@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "compiled_join_swaps_planes": (
+        "recipe/shards/_join.c",
+        "out[i] = (uint16_t)(high[i] << 8 | low[i]);",
+        "out[i] = (uint16_t)(low[i] << 8 | high[i]);",
+        ["tests/test_roundtrip.py::test_both_plane_joins_give_the_stored_words"],
+    ),
     "coverage_one_short": (
         "recipe/packer.py",
         "if covered >= n and p.responded_at is not None:",
@@ -251,6 +257,17 @@ MUTATIONS = {
 }
 
 
+def build_c(paths) -> None:
+    """A mutated C source is rebuilt in place, as `pip install -e .` builds it (pyproject's ext-modules)."""
+    import sysconfig
+
+    for path in paths:
+        if path.suffix == ".c":
+            out = path.with_name(path.stem + ".abi3.so")
+            inc = sysconfig.get_paths()["include"]
+            subprocess.run(["cc", "-O3", "-shared", "-fPIC", f"-I{inc}", str(path), "-o", str(out)], check=True)
+
+
 def apply(name: str) -> dict[Path, str]:
     """Puts the mutation in; returns the originals of the files it changed. `file` may be a tuple,
     one file per snippet, for a bug made on two sides at once."""
@@ -267,6 +284,7 @@ def apply(name: str) -> dict[Path, str]:
         texts[path] = texts[path].replace(o, n)
     for path, text in texts.items():
         path.write_text(text)
+    build_c(texts)
     return originals
 
 
@@ -297,6 +315,7 @@ def main() -> int:
         finally:
             for path, text in originals.items():
                 path.write_text(text)
+            build_c(originals)
         caught = r.returncode not in (0, 5)
         print(f"{'caught  ' if caught else 'SURVIVED'} {n:34s} {time.monotonic() - t0:6.1f} s", flush=True)
         if not caught:
