@@ -247,9 +247,11 @@ def test_the_stats_file_counts_what_was_written(tmp_path):
     (tmp_path / "dump").mkdir()
     stats = tmp_path / "stats.json"
     hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda: True, stats_path=stats)
+    hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: the allocators' counters (sglang_hook.ALLOC_FIELDS)
     hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 0]))
     hk(*batch(ForwardMode.EXTEND, ["hsx-c"], [6], [0]))
     hk.close()
     s = json.loads(stats.read_text())
     written = sum(f.stat().st_size for f in (tmp_path / "dump").glob("*.hsr"))
     assert (s["passes"], s["tokens"], s["bytes"]) == (2, 15, written) and s["forward_s"] > 0
+    assert s["device_allocs"] == 3

@@ -128,6 +128,33 @@ class Stats:
     copy_wait_s: float = 0.0
     write_s: float = 0.0
     budget_wait_s: float = 0.0
+    # the CUDA caching allocators' counters over the captured passes (from the first one on): a
+    # device or pinned-host allocation in a pass, or a retry that syncs every stream, stalls the GPU
+    device_allocs: int = 0
+    alloc_retries: int = 0
+    sync_all_streams: int = 0
+    host_allocs: int = 0
+
+
+ALLOC_FIELDS = ("device_allocs", "alloc_retries", "sync_all_streams", "host_allocs")
+
+
+def allocator_counts(device) -> list[int]:
+    """Stats' allocator counters as they stand now (cumulative since the process started); zeros
+    where this torch cannot say (diagnostics must never fail a capture)."""
+    import torch
+
+    try:
+        dev = torch.cuda.memory_stats(device)
+        host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    except Exception:
+        dev, host = {}, {}
+    return [
+        int(dev.get("num_device_alloc", 0)),
+        int(dev.get("num_alloc_retries", 0)),
+        int(dev.get("num_sync_all_streams", 0)),
+        int(host.get("num_host_alloc", 0)),
+    ]
 
 
 class DumpHook:
@@ -204,6 +231,11 @@ class DumpHook:
         # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
         # fresh tensor (one copy, one D2H transfer); on the GPU the split is cheap (0.19 s of GPU
         # time in a 60 s run on the H200), and the packer then only streams planes
+        if self._time_gpu and parts[0].is_cuda and self.thread.probe is None:
+            # counted from here on, read by the writers as they save the stats (a read costs ~0.6 ms
+            # of host time: once per pass it showed in forward_s on the H200)
+            dev, base = parts[0].device, allocator_counts(parts[0].device)
+            self.thread.probe = lambda: dict(zip(ALLOC_FIELDS, (a - b for a, b in zip(allocator_counts(dev), base))))
         timer = GpuTimer(parts[0] if self._time_gpu else None)
         planes = torch.empty((2, T, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
         for k, p in enumerate(parts):
@@ -362,6 +394,7 @@ class WriterThreads:
         self.stats, self.stats_path, self._stats_at = stats or Stats(), stats_path, 0.0
         self._stats_lock = threading.Lock()
         self.pool = pool
+        self.probe = None  # () -> {Stats field: value}, read as the stats are saved
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._threads = [
             threading.Thread(target=self._drain, name=f"hs-dump-writer-{i}", daemon=True)
@@ -421,6 +454,8 @@ class WriterThreads:
             if self.stats_path is None or now - self._stats_at < every_s:
                 return
             self._stats_at = now
+            for k, v in (self.probe() if self.probe else {}).items():
+                setattr(self.stats, k, v)
             tmp = f"{self.stats_path}.{threading.get_ident()}.tmp"
             try:
                 with open(tmp, "w") as f:
