@@ -228,14 +228,14 @@ class DumpHook:
         for p in parts:
             if p.shape[0] < T:  # e.g. attention-TP scattered states: refuse rather than write garbage
                 raise RuntimeError(f"hidden states have {p.shape[0]} rows for {T} tokens in the pass")
-        # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
-        # fresh tensor (one copy, one D2H transfer); on the GPU the split is cheap (0.19 s of GPU
-        # time in a 60 s run on the H200), and the packer then only streams planes
         if self._time_gpu and parts[0].is_cuda and self.thread.probe is None:
             # counted from here on, read by the writers as they save the stats (a read costs ~0.6 ms
             # of host time: once per pass it showed in forward_s on the H200)
             dev, base = parts[0].device, allocator_counts(parts[0].device)
             self.thread.probe = lambda: dict(zip(ALLOC_FIELDS, (a - b for a, b in zip(allocator_counts(dev), base))))
+        # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
+        # fresh tensor (one copy, one D2H transfer); on the GPU the split is cheap (0.19 s of GPU
+        # time in a 60 s run on the H200), and the packer then only streams planes
         timer = GpuTimer(parts[0] if self._time_gpu else None)
         planes = torch.empty((2, T, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
         for k, p in enumerate(parts):

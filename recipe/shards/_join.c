@@ -38,7 +38,7 @@ static PyObject *join(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"join", join, METH_VARARGS, "join(high, low, out): out's 16-bit little-endian words = high << 8 | low."},
+    {"join", join, METH_VARARGS, "join(high, low, out): out's 16-bit words (native order) = high << 8 | low."},
     {NULL, NULL, 0, NULL},
 };
 
