@@ -247,7 +247,7 @@ def test_the_stats_file_counts_what_was_written(tmp_path):
     (tmp_path / "dump").mkdir()
     stats = tmp_path / "stats.json"
     hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda: True, stats_path=stats)
-    hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: the allocators' counters (sglang_hook.ALLOC_FIELDS)
+    hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: sglang_hook.allocator_counts, less its start
     hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 0]))
     hk(*batch(ForwardMode.EXTEND, ["hsx-c"], [6], [0]))
     hk.close()

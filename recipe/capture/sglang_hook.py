@@ -136,12 +136,9 @@ class Stats:
     host_allocs: int = 0
 
 
-ALLOC_FIELDS = ("device_allocs", "alloc_retries", "sync_all_streams", "host_allocs")
-
-
-def allocator_counts(device) -> list[int]:
-    """Stats' allocator counters as they stand now (cumulative since the process started); zeros
-    where this torch cannot say (diagnostics must never fail a capture)."""
+def allocator_counts(device) -> dict[str, int]:
+    """Stats' allocator fields as the counters stand now (cumulative since the process started);
+    zeros where this torch cannot say (diagnostics must never fail a capture)."""
     import torch
 
     try:
@@ -149,12 +146,12 @@ def allocator_counts(device) -> list[int]:
         host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
     except Exception:
         dev, host = {}, {}
-    return [
-        int(dev.get("num_device_alloc", 0)),
-        int(dev.get("num_alloc_retries", 0)),
-        int(dev.get("num_sync_all_streams", 0)),
-        int(host.get("num_host_alloc", 0)),
-    ]
+    return {
+        "device_allocs": int(dev.get("num_device_alloc", 0)),
+        "alloc_retries": int(dev.get("num_alloc_retries", 0)),
+        "sync_all_streams": int(dev.get("num_sync_all_streams", 0)),
+        "host_allocs": int(host.get("num_host_alloc", 0)),
+    }
 
 
 class DumpHook:
@@ -232,7 +229,7 @@ class DumpHook:
             # counted from here on, read by the writers as they save the stats (a read costs ~0.6 ms
             # of host time: once per pass it showed in forward_s on the H200)
             dev, base = parts[0].device, allocator_counts(parts[0].device)
-            self.thread.probe = lambda: dict(zip(ALLOC_FIELDS, (a - b for a, b in zip(allocator_counts(dev), base))))
+            self.thread.probe = lambda: {k: v - base[k] for k, v in allocator_counts(dev).items()}
         # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
         # fresh tensor (one copy, one D2H transfer); on the GPU the split is cheap (0.19 s of GPU
         # time in a 60 s run on the H200), and the packer then only streams planes
