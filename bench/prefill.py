@@ -151,6 +151,23 @@ def make_samples(n, lo, hi, vocab, seed):
     return out
 
 
+def tail(packer, t_end, timeout_s=600.0) -> dict:
+    """Where the time after the last response goes, from the packer's own books (polled): until
+    every sample's dump is complete and handed to a worker, until every one is packed (appended and
+    flushed), until every one is committed."""
+    marks, t0 = {}, time.monotonic()
+    while len(marks) < 3 and time.monotonic() - t0 < timeout_s and packer.error is None:
+        with packer._lock:
+            left = {"dispatched_s": len(packer.pending), "packed_s": len(packer.pending) + len(packer.inflight)}
+        left["committed_s"] = packer.outstanding()
+        now = time.monotonic()
+        for k, v in left.items():
+            if v == 0 and k not in marks:
+                marks[k] = round(now - t_end, 3)
+        time.sleep(0.002)
+    return marks
+
+
 def arm(name, args, model_dir, samples, warm):
     dump_parent = Path(args.shm) / f"bench-{name}"
     shutil.rmtree(dump_parent, ignore_errors=True)
@@ -242,6 +259,7 @@ def arm(name, args, model_dir, samples, warm):
         be.run(samples, packer, None, lambda s: f"hsx-{s.id}")
         t_client = time.monotonic() - t0
         if name == "dump":
+            result["tail"] = tail(packer, t0 + t_client)
             packer.drain(timeout_s=600)
             t_all = time.monotonic() - t0
             packer.stop()

@@ -32,8 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from recipe.capture import sglang_hook  # noqa: E402
 
-# The one SGLang API the hook calls (sglang.srt.distributed): a single-rank server is TP rank 0.
-_dist = SimpleNamespace(get_attn_tensor_model_parallel_rank=lambda: 0)
+# The SGLang API the hook calls (sglang.srt.distributed): a single-rank server is rank 0 of 1.
+_dist = SimpleNamespace(
+    get_attn_tensor_model_parallel_rank=lambda: 0, get_attn_tensor_model_parallel_world_size=lambda: 1
+)
 sys.modules.update({"sglang": SimpleNamespace(), "sglang.srt": SimpleNamespace(), "sglang.srt.distributed": _dist})
 
 

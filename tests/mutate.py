@@ -230,8 +230,29 @@ MUTATIONS = {
     ),
     "budget_ignores_other_writers": (  # writer threads each see room for one record and all write it
         "recipe/capture/writer.py",
-        "                held = records.dir_bytes(self.dump_dir) + self._reserved\n",
+        "                held = records.dir_bytes(self.dump_dir, reservations=True)\n",
         "                held = records.dir_bytes(self.dump_dir)\n",
+        ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
+    ),
+    "reservation_released_during_a_scan": (  # a record renamed mid-scan is missed and so is its claim
+        "recipe/capture/writer.py",
+        "            with self._lock, _locked(self.dump_dir):\n                token.unlink(missing_ok=True)\n",
+        "            token.unlink(missing_ok=True)\n",
+        ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
+    ),
+    "every_rank_writes_the_whole_pass": (  # TP ranks hold the same states: each row twice
+        "recipe/capture/sglang_hook.py",
+        "    lo, hi = T * rank // size, T * (rank + 1) // size\n",
+        "    lo, hi = 0, T\n",
+        [
+            "tests/test_sglang_hook.py::test_the_ranks_of_a_tp_group_each_write_their_share_and_every_row_once",
+            "tests/test_sglang_hook.py::test_share_splits_a_pass_evenly_and_keeps_offsets",
+        ],
+    ),
+    "budget_lock_only_among_threads": (  # writer processes (TP ranks) check and reserve at once
+        "recipe/capture/writer.py",
+        "            with self._lock, _locked(self.dump_dir):\n                held",
+        "            with self._lock:\n                held",
         ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
     ),
     "recycled_memory_shared_with_forks": (  # a forked worker's decode lands in the parent's sample

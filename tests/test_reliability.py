@@ -128,14 +128,17 @@ def test_sigterm_sigint_stop_gracefully_then_resume(tmp_path, sig):
     exactly_once(out, ids)
 
 
-@pytest.mark.parametrize("writers", [1, 4])
+@pytest.mark.parametrize("writers", ["1 thread", "4 threads", "3 processes"])
 def test_dump_budget_is_never_exceeded(tmp_path, writers):
     """A fast producer and a slow packer: the dump directory never holds more than the budget, also
-    with several writer threads (the hook's) waiting on it at once: each reserves what it will write."""
+    with several writers waiting on it at once: the hook's threads, and processes (the TP ranks that
+    share each pass, DP groups), each with its own CaptureWriter. Each reserves what it will write."""
+    import multiprocessing as mp
+
     dump = tmp_path / "dump"
     dump.mkdir()
     budget = 1_000_000
-    w = CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
+    n, kind = int(writers.split()[0]), writers.split()[1]
     piece = np.ones((100, 2, 256), np.uint16)  # ~100 KB per record
     stop, peak = threading.Event(), [0]
 
@@ -149,23 +152,35 @@ def test_dump_budget_is_never_exceeded(tmp_path, writers):
                 time.sleep(0.02)
                 f.unlink()
 
-    def produce(k):
-        for i in range(k, 60, writers):
+    def produce(k, w=None):
+        w = w or CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
+        for i in range(k, 60, n):
             w.write_pass([f"hsx-{i}"], [0], [100], np.arange(100), piece)
+        return w
 
     threads = [threading.Thread(target=watch), threading.Thread(target=slow_packer)]
     for t in threads:
         t.start()
-    producers = [threading.Thread(target=produce, args=(k,)) for k in range(writers)]
-    for t in producers:
-        t.start()
-    for t in producers:
-        t.join()
+    if kind == "processes":
+        procs = [mp.get_context("fork").Process(target=produce, args=(k,)) for k in range(n)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * n
+    else:
+        w = CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
+        producers = [threading.Thread(target=produce, args=(k, w)) for k in range(n)]
+        for t in producers:
+            t.start()
+        for t in producers:
+            t.join()
+        assert w.waited_s > 0.5  # the producer really was held back
     stop.set()
     for t in threads:
         t.join()
-    assert w.waited_s > 0.5  # the producer really was held back
     assert 0 < peak[0] <= budget
+    assert not list(dump.glob(records.RESERVATION + "*"))  # every reservation released
 
 
 def test_preflight_refuses_a_run_the_disk_cannot_hold(tmp_path, monkeypatch):

@@ -58,6 +58,10 @@ def test_server_argv_and_env(tmp_path):
     # the hook pins its buffers for a whole pass up front: chunked prefill bounds a pass's tokens
     sized = server_env(cfg.nccl, cfg.capture, tmp_path / "dump", base={}, server=cfg.server)
     assert sized["SGLANG_HS_PASS_TOKENS"] == "16384" and sized["SGLANG_HS_WRITERS"] == "2"
+    assert sized["SGLANG_HS_SHARE_RANKS"] == "0"  # one node: all 8 ranks write their shares
+    # over two nodes only node 0's ranks write: the other node's /dev/shm is not the packer's
+    multi = compose(["server=multinode", "output_dir=/o"])  # TP 16 over 2 nodes
+    assert server_env(multi.nccl, multi.capture, tmp_path, base={}, server=multi.server)["SGLANG_HS_SHARE_RANKS"] == "8"
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,8 @@ def batch(mode, rids, ext, pre, orig=None, seed=0):
     return fb, final, aux
 
 
-def hook(tmp_path, rank0=True, final=True, layers=LAYERS):
-    return DumpHook(tmp_path, layers, final, "hsx-", 1 << 30, queue_size=2, is_writer=lambda: rank0)
+def hook(tmp_path, final=True, layers=LAYERS, group=(0, 1)):
+    return DumpHook(tmp_path, layers, final, "hsx-", 1 << 30, queue_size=2, group=lambda: group)
 
 
 def dumped(tmp_path):
@@ -111,24 +111,87 @@ def test_only_exact_extend_passes(tmp_path, mode):
     assert dumped(tmp_path) == {}
 
 
-def test_tp_rank_1_writes_nothing(tmp_path):
-    hk = hook(tmp_path, rank0=False)
-    hk(*batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [5, 6], [0, 0]))
-    hk.flush()
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("size", [2, 3])
+def test_the_ranks_of_a_tp_group_each_write_their_share_and_every_row_once(tmp_path, size):
+    """TP ranks hold the same states, so each writes only its share of a pass's rows: together every
+    row of every request exactly once, a request cut by a share's edge in two pieces that join up, and
+    `last` only on the piece that ends its prompt."""
+    passes = [  # three requests, one chunked across passes, with a non-recipe request between
+        batch(ForwardMode.EXTEND, ["hsx-a", "HEALTH_CHECK_1", "hsx-b"], [50, 1, 77], [0, 0, 0], [80, 1, 77], seed=1),
+        batch(ForwardMode.EXTEND, ["hsx-a", "hsx-c"], [30, 5], [50, 0], [80, 5], seed=2),
+    ]
+    hooks = [hook(tmp_path, group=(r, size)) for r in range(size)]
+    for hk in hooks:
+        for p in passes:
+            hk(*p)
+        hk.flush()
+    got = dumped(tmp_path)
+    rows = {}
+    for (rid, off), (h, ids, hid) in sorted(got.items()):
+        rows.setdefault(rid, []).append((off, h["n"], h["last"], hid, ids))
+    assert sorted(rows) == ["hsx-a", "hsx-b", "hsx-c"]
+    assert len(got) > 3  # some request was cut between ranks
+    whole = {
+        "hsx-a": (expect_rows(*passes[0], 0, 50), expect_rows(*passes[1], 0, 30)),
+        "hsx-b": (expect_rows(*passes[0], 51, 77),),
+        "hsx-c": (expect_rows(*passes[1], 30, 5),),
+    }
+    for rid, pieces in rows.items():
+        covered = 0
+        for off, n, last, _, _ in pieces:
+            assert off == covered  # each row once: no gap, no overlap
+            covered += n
+        assert [last for *_, last, _, _ in pieces] == [False] * (len(pieces) - 1) + [True]
+        assert np.array_equal(np.concatenate([x[3] for x in pieces]), np.concatenate([w[0] for w in whole[rid]]))
+        assert np.array_equal(np.concatenate([x[4] for x in pieces]), np.concatenate([w[1] for w in whole[rid]]))
+
+
+def test_over_several_nodes_only_the_packers_nodes_ranks_write(tmp_path):
+    """A TP group over two nodes (SGLANG_HS_SHARE_RANKS: the first 2 of 4 ranks are the packer's
+    node): those two write every row once between them; the other node's ranks write nothing."""
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [40, 21], [0, 0], seed=4)
+    for rank in range(4):
+        d = tmp_path / f"rank{rank}"
+        d.mkdir()
+        hk = DumpHook(d, LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 4), share_ranks=2)
+        hk(fb, final, aux)
+        hk.flush()
+    assert not list((tmp_path / "rank2").iterdir()) and not list((tmp_path / "rank3").iterdir())
+    got = {**dumped(tmp_path / "rank0"), **dumped(tmp_path / "rank1")}
+    a = np.concatenate([got[k][2] for k in sorted(got) if k[0] == "hsx-a"])
+    assert sorted(got) == [("hsx-a", 0), ("hsx-a", 30), ("hsx-b", 0)]  # rows 0-29 on rank 0, 30-60 on rank 1
+    assert np.array_equal(a, expect_rows(fb, final, aux, 0, 40)[0])
+    b = np.concatenate([got[k][2] for k in sorted(got) if k[0] == "hsx-b"])
+    assert np.array_equal(b, expect_rows(fb, final, aux, 40, 21)[0])
+
+
+def test_share_splits_a_pass_evenly_and_keeps_offsets():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        k = int(rng.integers(1, 6))
+        ext = [int(x) for x in rng.integers(1, 40, k)]
+        pre = [int(x) for x in rng.integers(0, 100, k)]
+        size = int(rng.integers(1, 9))
+        seen = []
+        for r in range(size):
+            lo, hi, idx, pre2, ext2 = sglang_hook.share(pre, ext, r, size)
+            assert abs((hi - lo) - sum(ext) / size) < 1 and sum(ext2) == hi - lo
+            for i, p, n in zip(idx, pre2, ext2):
+                seen += [(i, p + j) for j in range(n)]
+        assert sorted(seen) == [(i, pre[i] + j) for i in range(k) for j in range(ext[i])]
 
 
 def test_the_trace_lists_what_each_writing_process_wrote(tmp_path):
     """The GPU TP/DP proofs count writers from this trace (tests/gpu): one line per record written,
-    in the writing process's own file, and nothing from a rank that is not the writer."""
+    in the writing process's own file: (rid, offset, tokens) of the rank's share."""
     (tmp_path / "dump").mkdir()
     trace = tmp_path / "trace"
     trace.mkdir()
-    for rank0 in (True, False):
-        hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda r=rank0: r, trace_dir=trace)
+    for rank in (0, 1):
+        hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 2), trace_dir=trace)
         hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 5], orig=[3, 2, 9]))
         hk.flush()
-    files = list(trace.iterdir())
+    files = list(trace.iterdir())  # both ranks are this one process here
     assert len(files) == 1 and files[0].read_text().split("\n") == ["hsx-a 0 3", "hsx-b 5 4", ""]
 
 
@@ -185,7 +248,7 @@ def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path)
     """Pinning host memory holds the CUDA driver: the pool is filled once, on the server's own warm-up
     pass, and no pass after it allocates (passes shorter than the pool's size included)."""
     hk = DumpHook(
-        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, is_writer=lambda: True, pass_bytes=2 * 64 * 4 * H
+        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, group=lambda: (0, 1), pass_bytes=2 * 64 * 4 * H
     )
     hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
     assert hk.stats.pin_allocs == hk.copy.pool.count == 5  # queue 2 + 2 writers' + the one being filled
@@ -196,9 +259,7 @@ def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path)
 
 
 def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stays_bounded(tmp_path):
-    hk = DumpHook(
-        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, is_writer=lambda: True, pass_bytes=2 * 8 * 4 * H
-    )
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1), pass_bytes=2 * 8 * 4 * H)
     for i, n in enumerate([4, 40, 8, 400, 6]):
         fb, final, aux = batch(ForwardMode.EXTEND, [f"hsx-{i}"], [n], [0], seed=i)
         hk(fb, final, aux)
@@ -210,7 +271,7 @@ def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stay
 def test_a_pool_buffer_is_reused_only_after_its_pass_is_written(tmp_path, monkeypatch):
     """The writer gives a buffer back only once its records are on disk: with a slow writer and a
     small pool, every later pass waits for a buffer rather than overwriting one still being written."""
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, is_writer=lambda: True)
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1))
     slow = hk.writer.write_pass
 
     def write_pass(*a, **k):
@@ -246,7 +307,7 @@ def test_the_pool_waits_for_a_buffer_when_all_are_out():
 def test_the_stats_file_counts_what_was_written(tmp_path):
     (tmp_path / "dump").mkdir()
     stats = tmp_path / "stats.json"
-    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, is_writer=lambda: True, stats_path=stats)
+    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (0, 1), stats_path=stats)
     hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: sglang_hook.allocator_counts, less its start
     hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 0]))
     hk(*batch(ForwardMode.EXTEND, ["hsx-c"], [6], [0]))

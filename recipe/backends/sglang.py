@@ -102,6 +102,13 @@ def _pass_tokens(args) -> int:
     return chunk if chunk > 0 else int(args.get("max_prefill_tokens") or 0)
 
 
+def _ranks_here(args) -> int:
+    """The TP ranks on the recipe's node when the server spans several (the first tp/nnodes: SGLang
+    numbers ranks node by node); 0 on one node: every rank of an attention-TP group writes its share."""
+    nnodes = int(args.get("nnodes") or 1)
+    return int(args.get("tp_size") or 1) // nnodes if nnodes > 1 else 0
+
+
 def server_env(nccl, capture, dump_dir: Path, base=None, server=None) -> dict:
     """The server's environment: the `nccl` node's variables and the hook's switches from `capture`
     (and from `server.args`, the most tokens a pass holds)."""
@@ -117,6 +124,7 @@ def server_env(nccl, capture, dump_dir: Path, base=None, server=None) -> dict:
             capture.writer_queue,
             _pass_tokens(server.args) if server is not None else 0,
             capture.writer_threads,
+            _ranks_here(server.args) if server is not None else 0,
         )
     )
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -416,5 +424,6 @@ class SGLangBackend:
                 self.server.log_tail(20),
             )
             self.server.stop()
+            records.clear_reservations(self.dump_dir)  # the dead ranks' claims on the dump budget
             self.server.start()
             await asyncio.to_thread(self.server.wait_ready)

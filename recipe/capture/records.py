@@ -6,6 +6,7 @@ The hidden states (bf16, [n, slots, H]) arrive split into byte planes, the layou
 (recipe.shards.codec): the SGLang hook splits them on the GPU, so the packer only streams planes.
 `offset` is the request's first token in this pass (the prefix length), so chunked prefill gives
 several pieces that the packer puts back in order. A failed capture leaves `{rid}.err` (JSON).
+A writer about to write leaves a `.reserve-*` file, sparse, whose size is what it will write.
 Every file is written under a dot-name and renamed, so the packer never sees half a file.
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 MAGIC = b"HSR2"
 SUFFIX = ".hsr"
 ERROR_SUFFIX = ".err"
+RESERVATION = ".reserve-"  # a writer's claim on the dump budget, before it writes (CaptureWriter)
 
 
 def record_name(rid: str, offset: int) -> str:
@@ -116,13 +118,25 @@ def read_record(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
     return h, ids, from_planes(planes[0], planes[1]).reshape(n, h["slots"], h["hidden"])
 
 
-def dir_bytes(dump_dir: Path) -> int:
-    """Bytes held in the dump directory (files only; it is flat)."""
-    total = 0
+def clear_reservations(dump_dir: Path) -> int:
+    """Removes the reservations of writers that are gone (a killed server's): call only while no
+    writer runs. Returns how many there were."""
+    stale = list(Path(dump_dir).glob(RESERVATION + "*"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+def dir_bytes(dump_dir: Path, reservations: bool = False) -> int:
+    """Bytes the files in the dump directory hold (it is flat); with `reservations`, also what writers
+    have reserved and not yet written (CaptureWriter's sparse reservation files, which hold no memory)."""
+    sizes = {}  # by inode: a file renamed during the scan (".x.tmp" -> "x.hsr") can be listed twice
     with os.scandir(dump_dir) as it:
         for e in it:
+            if not reservations and e.name.startswith(RESERVATION):
+                continue
             try:
-                total += e.stat(follow_symlinks=False).st_size
+                sizes[e.inode()] = e.stat(follow_symlinks=False).st_size
             except FileNotFoundError:  # consumed by the packer meanwhile
                 pass
-    return total
+    return sum(sizes.values())

@@ -5,10 +5,12 @@ The patch adds two things to a model class and nothing else:
   forward:  `self.hs_dump(forward_batch, hidden_states, aux_hidden_states)` once both are in hand
 Everything else is here, where CPU tests reach it.
 
-What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, on the
-one writer rank (attention-TP rank 0 of its attention-DP group; TP ranks hold identical states):
+What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, in every
+rank of an attention-TP group (TP ranks hold identical states; with DP attention each DP group has
+its own group), for the rank's own share of the pass's T rows (`share`: rank r of n takes rows
+[T*r/n, T*(r+1)/n), so no rank holds up the others' all-reduce with the whole pass's work):
 split the K aux captures and the final state into byte planes, written straight into one
-[2, T, K+1, H] tensor, start its copy into a pinned host buffer (from a pool the writer gives back)
+[2, rows, K+1, H] tensor, start its copy into a pinned host buffer (from a pool the writer gives back)
 on a side stream, and hand it to the writer threads through a bounded queue. The GPU stream never
 waits for the disk; the forward pass only blocks when the queue is full, i.e. when the writers fall
 behind: held back by the dump budget (the packer is behind), or slower than the GPU.
@@ -40,6 +42,9 @@ ENV_NO_WRITE = "SGLANG_HS_NO_WRITE"  # benchmark arm: capture and copy, but writ
 ENV_TRACE = "SGLANG_HS_TRACE"  # a folder: each writing process lists what it wrote (the TP/DP proofs)
 ENV_PASS_TOKENS = "SGLANG_HS_PASS_TOKENS"  # most tokens one pass holds (chunked_prefill_size): sizes the pool
 ENV_STATS = "SGLANG_HS_STATS"  # a file: the hook's own timings, kept current (benchmarks)
+# how many of an attention-TP group's first ranks share the writing (0: all). A server over several
+# nodes writes from the packer's node only: the others' /dev/shm is not the one the packer reads
+ENV_SHARE = "SGLANG_HS_SHARE_RANKS"
 
 
 def env_for(
@@ -51,6 +56,7 @@ def env_for(
     queue_size: int = 4,
     pass_tokens: int = 0,
     writers: int = 2,
+    share_ranks: int = 0,
 ) -> dict:
     """The server's environment that switches the dump on (the recipe's side of the contract)."""
     return {
@@ -62,6 +68,7 @@ def env_for(
         ENV_QUEUE: str(int(queue_size)),
         ENV_PASS_TOKENS: str(max(0, int(pass_tokens or 0))),
         ENV_WRITERS: str(max(1, int(writers))),
+        ENV_SHARE: str(max(0, int(share_ranks))),
     }
 
 
@@ -98,16 +105,38 @@ def install(model, env=os.environ):
         pass_bytes=pass_bytes,
         stats_path=env.get(ENV_STATS) or None,
         writers=int(env.get(ENV_WRITERS, "2")),
+        share_ranks=int(env.get(ENV_SHARE, "0") or 0),
     )
     log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, env[ENV_DIR])
     return hook
 
 
-def sglang_writer_rank() -> bool:
-    """True on attention-TP rank 0: one writer per attention-DP group (plain TP: tp rank 0)."""
-    from sglang.srt.distributed import get_attn_tensor_model_parallel_rank
+def sglang_group() -> tuple[int, int]:
+    """(rank, size) in the attention-TP group: ranks that hold the same states (plain TP: all of them)."""
+    from sglang.srt.distributed import (
+        get_attn_tensor_model_parallel_rank,
+        get_attn_tensor_model_parallel_world_size,
+    )
 
-    return get_attn_tensor_model_parallel_rank() == 0
+    return get_attn_tensor_model_parallel_rank(), get_attn_tensor_model_parallel_world_size()
+
+
+def share(pre: list[int], ext: list[int], rank: int, size: int):
+    """Rank `rank` of `size`'s share of a pass: rows [lo, hi) of its sum(ext), split evenly, and the
+    requests in them as (indices into the pass's requests, prefix lengths, extend lengths), cut to the
+    share. A request cut by a share's edge gives one piece per side (the packer orders pieces by offset)."""
+    T = sum(ext)
+    lo, hi = T * rank // size, T * (rank + 1) // size
+    idx, pre2, ext2 = [], [], []
+    start = 0
+    for i, (p, n) in enumerate(zip(pre, ext)):
+        a, b = max(start, lo), min(start + n, hi)
+        if a < b:
+            idx.append(i)
+            pre2.append(p + a - start)
+            ext2.append(b - a)
+        start += n
+    return lo, hi, idx, pre2, ext2
 
 
 @dataclass
@@ -166,17 +195,18 @@ class DumpHook:
         rid_prefix: str,
         budget_bytes: int,
         queue_size: int = 4,
-        is_writer=sglang_writer_rank,
+        group=sglang_group,
         write: bool = True,
         trace_dir=None,
         pass_bytes: int = 0,
         stats_path=None,
         writers: int = 2,
+        share_ranks: int = 0,
     ):
         self.layers, self.final, self.prefix = list(layers), final, rid_prefix
         self.writer = CaptureWriter(dump_dir, budget_bytes, rid_prefix, trace_dir=trace_dir)
-        self._is_writer = is_writer
-        self._writer_rank: bool | None = None
+        self._group, self._share_ranks = group, share_ranks
+        self._rank: tuple[int, int] | None = None  # (rank, ranks sharing), known from the first EXTEND on
         self.stats = Stats()
         self._time_gpu = stats_path is not None  # two CUDA events per pass, only when someone reads them
         # every buffer that can be in flight: the queue's, the writers', the one being filled
@@ -192,11 +222,12 @@ class DumpHook:
         fm = forward_batch.forward_mode
         if getattr(fm, "name", None) != "EXTEND":  # not DECODE, MIXED, IDLE, TARGET_VERIFY, ...
             return
-        if self._writer_rank is None:  # the first EXTEND is the server's own warm-up, before /health
-            self._writer_rank = bool(self._is_writer())
-            if self._writer_rank and self._pass_bytes:  # pin the pool now, not in the first timed passes
-                self.copy.pool.fill(self._pass_bytes)
-        if not self._writer_rank:
+        if self._rank is None:  # the first EXTEND is the server's own warm-up, before /health
+            rank, size = self._group()
+            self._rank = (rank, min(size, self._share_ranks or size))
+            if rank < self._rank[1] and self._pass_bytes:  # pin the pool now, not in timed passes
+                self.copy.pool.fill(-(-self._pass_bytes // self._rank[1]))  # a share at most
+        if self._rank[0] >= self._rank[1]:  # a rank that does not share the writing
             return
         rids = list(forward_batch.rids or [])
         if not any(r.startswith(self.prefix) for r in rids):  # warm-up and health checks end here
@@ -217,6 +248,10 @@ class DumpHook:
         ext = [int(x) for x in fb.extend_seq_lens_cpu]
         pre = [int(x) for x in fb.extend_prefix_lens_cpu]
         T = sum(ext)
+        lo, hi, idx, pre, ext = share(pre, ext, *self._rank)
+        rids = [rids[i] for i in idx]
+        if not any(r.startswith(self.prefix) for r in rids):  # e.g. only a health check's rows
+            return
         parts = list(aux_hidden_states or [])
         if len(parts) != len(self.layers):
             raise RuntimeError(f"model captured {len(parts)} layers, {len(self.layers)} configured {self.layers}")
@@ -230,26 +265,26 @@ class DumpHook:
             # of host time: once per pass it showed in forward_s on the H200)
             dev, base = parts[0].device, allocator_counts(parts[0].device)
             self.thread.probe = lambda: {k: v - base[k] for k, v in allocator_counts(dev).items()}
-        # [2, T, slots, H]: each slot's bf16 states split into high and low bytes straight into one
+        # [2, rows, slots, H]: each slot's bf16 states split into high and low bytes straight into one
         # fresh tensor (one copy, one D2H transfer); on the GPU the split is cheap (0.19 s of GPU
         # time in a 60 s run on the H200), and the packer then only streams planes
         timer = GpuTimer(parts[0] if self._time_gpu else None)
-        planes = torch.empty((2, T, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
+        planes = torch.empty((2, hi - lo, len(parts), parts[0].shape[-1]), dtype=torch.uint8, device=parts[0].device)
         for k, p in enumerate(parts):
-            b = p[:T].contiguous().view(torch.uint8).view(T, -1, 2)  # little-endian: byte 1 is the high byte
+            b = p[lo:hi].contiguous().view(torch.uint8).view(hi - lo, -1, 2)  # little-endian: byte 1 is high
             planes[0, :, k] = b[..., 1]
             planes[1, :, k] = b[..., 0]
         timer.stop()
         # Snapshot in stream order: SGLang refills its input buffers for the next batch (overlap
         # scheduling) before a side-stream copy of the original views would run. Seen on an H200:
         # without these clones the dumped ids belonged to the next batch.
-        ids = fb.input_ids[:T].clone()
+        ids = fb.input_ids[lo:hi].clone()
         orig = getattr(fb, "orig_seq_lens", None)
         orig = orig.clone() if orig is not None else None
         done, buf, (host, host_ids, host_orig) = self.copy([planes, ids, orig])
         t0 = time.perf_counter()
         # blocks only when the writers are behind
-        self.thread.put((done, buf, timer, rids, pre, ext, host_ids, host, host_orig))
+        self.thread.put((done, buf, timer, rids, pre, ext, idx, host_ids, host, host_orig))
         self.stats.put_wait_s += time.perf_counter() - t0
 
     def flush(self) -> None:
@@ -409,7 +444,7 @@ class WriterThreads:
             if item is None:
                 self._save_stats()
                 return
-            done, buf, timer, rids, pre, ext, ids, host, orig = item
+            done, buf, timer, rids, pre, ext, idx, ids, host, orig = item
             t0 = time.perf_counter()
             t1, written, gpu_s = t0, 0, 0.0
             try:
@@ -420,9 +455,9 @@ class WriterThreads:
                 if not self.write:
                     continue
                 lasts = None
-                if orig is not None and len(orig) >= len(rids):
+                if orig is not None and idx and len(orig) > idx[-1]:  # the prompt's full length, per request
                     o = orig.tolist()
-                    lasts = [p + n == o[i] for i, (p, n) in enumerate(zip(pre, ext))]
+                    lasts = [p + n == o[i] for i, p, n in zip(idx, pre, ext)]
                 written = self.writer.write_pass(rids, pre, ext, ids, host, lasts)
             except Exception as e:
                 log.exception("hidden-state write failed")

@@ -7,6 +7,9 @@ row order, each one's prefix length (where this piece starts in the prompt) and 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import itertools
 import logging
 import os
 import threading
@@ -18,6 +21,17 @@ import numpy as np
 from . import records
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive flock of the folder itself, among processes (threads: the caller's lock)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def as_planes(x) -> np.ndarray:
@@ -54,28 +68,46 @@ class CaptureWriter:
         self.poll_s = poll_s
         self.waited_s = 0.0  # time spent blocked on the dump budget (reported by the benchmarks)
         self._lock = threading.Lock()
-        self._reserved = 0  # bytes other threads are about to write (the hook writes from several)
+        self._names = itertools.count()
 
-    def wait_for_budget(self, incoming: int = 0) -> None:
-        """Block while the dump directory, with what other threads have reserved, holds more than the
-        budget (the packer drains it); then reserve `incoming` until release(incoming). A single
-        record larger than the whole budget is let through once the directory is empty."""
+    def wait_for_budget(self, incoming: int = 0) -> Path | None:
+        """Block while the dump directory, with what every writer has reserved, holds more than the
+        budget (the packer drains it); then reserve `incoming` until release(). A single record
+        larger than the whole budget is let through once the directory is empty.
+        Writers are threads (the hook's) and processes (the TP ranks that share a pass, DP groups):
+        a reservation is a sparse file of that size in the directory, made under an flock of the
+        directory, so every writer sees every other's before it writes."""
         t0 = None
         while True:
-            with self._lock:
-                held = records.dir_bytes(self.dump_dir) + self._reserved
+            with self._lock, _locked(self.dump_dir):
+                held = records.dir_bytes(self.dump_dir, reservations=True)
                 if held + incoming <= self.budget_bytes or held == 0:
-                    self._reserved += incoming
+                    token = self._reserve(incoming)
                     break
             t0 = t0 or time.monotonic()
             time.sleep(self.poll_s)
         if t0:
             with self._lock:
                 self.waited_s += time.monotonic() - t0
+        return token
 
-    def release(self, reserved: int) -> None:
-        with self._lock:
-            self._reserved -= reserved
+    def _reserve(self, nbytes: int) -> Path | None:
+        if nbytes <= 0:
+            return None
+        path = self.dump_dir / f"{records.RESERVATION}{os.getpid()}-{threading.get_ident()}-{next(self._names)}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, nbytes)  # counted by its size, holds no memory
+        finally:
+            os.close(fd)
+        return path
+
+    def release(self, token: Path | None) -> None:
+        """Under the lock too: a scan can miss a record renamed while it runs, which its reservation
+        covers only if it cannot vanish meanwhile."""
+        if token is not None:
+            with self._lock, _locked(self.dump_dir):
+                token.unlink(missing_ok=True)
 
     def write_pass(self, rids, prefix_lens, extend_lens, input_ids, hidden, lasts=None) -> int:
         """input_ids [T], hidden [T, slots, H] words or [2, T, slots, H] planes (T may exceed
@@ -90,7 +122,7 @@ class CaptureWriter:
         ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
         # one look at the directory per pass: the writer thread must not rescan it for every request
         incoming = sum(planes[:, starts[i] : starts[i + 1]].nbytes for i in ours)
-        self.wait_for_budget(incoming)
+        token = self.wait_for_budget(incoming)
         written = 0
         try:
             for i in ours:
@@ -104,7 +136,7 @@ class CaptureWriter:
                     None if lasts is None else bool(lasts[i]),
                 )
         finally:
-            self.release(incoming)  # written: the directory counts it now
+            self.release(token)  # written: the directory counts it now
         if self.trace is not None and ours:
             with open(self.trace, "a") as f:
                 f.writelines(f"{rids[i]} {int(prefix_lens[i])} {starts[i + 1] - starts[i]}\n" for i in ours)
