@@ -85,7 +85,7 @@ class CaptureConfig:
     rid_prefix: str = "hsx-"
     dump_timeout_s: float = 120.0  # after the response: no complete dump by then = failed sample
     writer_queue: int = 4  # sglang hook: passes in flight between the GPU and the writer threads
-    writer_threads: int = 2  # sglang hook: threads writing passes into dump_dir, per writer rank
+    writer_threads: int = 2  # sglang hook: threads writing passes into dump_dir, per TP rank
 
 
 @dataclass

@@ -80,6 +80,14 @@ def test_enforced_flags(override):
     server_argv(compose(["backend=sglang", "output_dir=/o", override, "server.allow_unsafe_flags=true"]).server, ROOT)
 
 
+def test_dp_attention_over_several_nodes_refused():
+    """Its DP groups on the other nodes would write where no packer reads: refused up front."""
+    over = ["server=multinode", "output_dir=/o", "+server.args.enable_dp_attention=true", "server.args.dp_size=16"]
+    with pytest.raises(ValueError, match="several nodes"):
+        server_argv(compose(over).server, ROOT)
+    server_argv(compose(over[:2]).server, ROOT)  # plain TP over the nodes is fine
+
+
 def test_layer_zero_refused_for_sglang(tmp_path):
     with pytest.raises(ValueError, match="layer 0"):
         run(compose(["backend=sglang", f"output_dir={tmp_path}", "capture.layers=[0,2]"]))

@@ -316,3 +316,13 @@ def test_the_stats_file_counts_what_was_written(tmp_path):
     written = sum(f.stat().st_size for f in (tmp_path / "dump").glob("*.hsr"))
     assert (s["passes"], s["tokens"], s["bytes"]) == (2, 15, written) and s["forward_s"] > 0
     assert s["device_allocs"] == 3
+
+
+def test_only_rank_0_writes_the_stats_file(tmp_path):
+    """All ranks of a TP group get the same SGLANG_HS_STATS path: one rank's figures, not a mix."""
+    (tmp_path / "dump").mkdir()
+    stats = tmp_path / "stats.json"
+    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (1, 2), stats_path=stats)
+    hk(*batch(ForwardMode.EXTEND, ["hsx-a"], [9], [0]))
+    hk.close()
+    assert list((tmp_path / "dump").glob("*.hsr")) and not stats.exists()

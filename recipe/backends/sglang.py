@@ -73,8 +73,11 @@ def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
         )
     if int(args.get("pp_size") or 1) > 1:
         raise ValueError("server.args.pp_size > 1 is not supported by the dump hook")
-    if args.get("enable_dp_attention") and int(args.get("dp_size") or 1) > 1:
-        log.warning("attention-DP: one writer per DP group (attention-TP rank 0); verified on CPU only")
+    if args.get("enable_dp_attention") and int(args.get("nnodes") or 1) > 1:
+        raise ValueError(
+            "server.args.enable_dp_attention over several nodes is not supported by the dump hook: the DP "
+            "groups on the other nodes would write into their own /dev/shm, which the packer never reads"
+        )
 
 
 def server_argv(server, model_dir: Path) -> list[str]:

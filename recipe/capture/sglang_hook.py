@@ -141,10 +141,11 @@ def share(pre: list[int], ext: list[int], rank: int, size: int):
 
 @dataclass
 class Stats:
-    """Where the time goes (SGLANG_HS_STATS; bench/prefill.py reports it). forward_s is the hook's
-    wall time in the forward thread: all it starts on the GPU is asynchronous, so this is what the
-    scheduler loses to it on the host, pinning and waits for a free buffer included; split_gpu_s is
-    the GPU time of the plane split; copy_wait_s and write_s are summed over the writer threads."""
+    """Where the time goes on rank 0 (SGLANG_HS_STATS; bench/prefill.py reports it): every rank of a
+    TP group does an equal share. forward_s is the hook's wall time in the forward thread: all it
+    starts on the GPU is asynchronous, so this is what the scheduler loses to it on the host, pinning
+    and waits for a free buffer included; split_gpu_s is the GPU time of the plane split; copy_wait_s
+    and write_s are summed over the writer threads."""
 
     passes: int = 0
     tokens: int = 0
@@ -227,6 +228,8 @@ class DumpHook:
             self._rank = (rank, min(size, self._share_ranks or size))
             if rank < self._rank[1] and self._pass_bytes:  # pin the pool now, not in timed passes
                 self.copy.pool.fill(-(-self._pass_bytes // self._rank[1]))  # a share at most
+            if rank:  # the stats file holds rank 0's figures: every rank does an equal share
+                self.thread.stats_path, self._time_gpu = None, False
         if self._rank[0] >= self._rank[1]:  # a rank that does not share the writing
             return
         rids = list(forward_batch.rids or [])
@@ -407,8 +410,8 @@ class HostCopy:
 
 class WriterThreads:
     """A bounded queue of copied passes and the threads that write them as raw records. Several:
-    one thread copies ~2 GB/s into /dev/shm (seen on the H200 host), about what one writer rank
-    emits at TP=1 and less than at TP=2; a pass's records are independent of the others', and the
+    one thread copies ~2 GB/s into /dev/shm (seen on the H200 host), about what one rank emits at
+    TP=1 on an 8B; a pass's records are independent of the others', and the
     packer orders pieces by offset, so the order passes are written in does not matter."""
 
     def __init__(
