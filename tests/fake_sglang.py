@@ -9,8 +9,9 @@ start of another), and also runs the server's own warm-up and health-check reque
 
 FAKE_SGLANG_MODE (comma-separated): graphs (the hook never runs, as under CUDA-graph replay),
 flaky500 (the first attempt of every request answers 500), die_once (the process exits on the 3rd
-request, once per marker file FAKE_SGLANG_MARKER), hang_once (on the 3rd request the scheduler and /health stop
-answering while the process stays up; once per marker), cached (answers cached_tokens > 0), slow (sleep per pass).
+request, once per marker file FAKE_SGLANG_MARKER, leaving a claim on the whole dump budget behind),
+hang_once (on the 3rd request the scheduler and /health stop answering while the process stays up;
+once per marker), cached (answers cached_tokens > 0), slow (sleep per pass).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from recipe.capture import sglang_hook  # noqa: E402
+from recipe.capture import records, sglang_hook  # noqa: E402
 
 # The SGLang API the hook calls (sglang.srt.distributed): a single-rank server is rank 0 of 1.
 _dist = SimpleNamespace(
@@ -181,6 +182,11 @@ def main():
             marker = os.environ.get("FAKE_SGLANG_MARKER", "")
             if "die_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
                 Path(marker).write_text("died")
+                # killed between reserving dump budget and releasing it: its claim (the whole budget)
+                # stays behind, and only the restart can clear it
+                claim = Path(os.environ[sglang_hook.ENV_DIR]) / f"{records.RESERVATION}{os.getpid()}-dead"
+                claim.write_bytes(b"")
+                os.truncate(claim, int(os.environ[sglang_hook.ENV_BUDGET]))
                 os._exit(17)
             if "hang_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
                 Path(marker).write_text("hung")

@@ -249,6 +249,12 @@ MUTATIONS = {
             "tests/test_sglang_hook.py::test_share_splits_a_pass_evenly_and_keeps_offsets",
         ],
     ),
+    "restart_keeps_dead_claims": (  # a killed server's reservation holds the dump budget forever
+        "recipe/backends/sglang.py",
+        "            records.clear_reservations(self.dump_dir)  # the dead ranks' claims on the dump budget\n",
+        "",
+        ["tests/test_sglang_backend.py::test_server_death_restarts_and_resends"],
+    ),
     "budget_lock_only_among_threads": (  # writer processes (TP ranks) check and reserve at once
         "recipe/capture/writer.py",
         "            with self._lock, _locked(self.dump_dir):\n                held",

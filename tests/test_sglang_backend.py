@@ -173,9 +173,12 @@ def test_prefix_cache_hit_is_an_error(tmp_path, monkeypatch):
 
 
 def test_server_death_restarts_and_resends(tmp_path, monkeypatch):
+    """The dead server leaves a claim on the whole dump budget: the restart clears it, or the new
+    server's writers would wait on it forever (the watchdog, set tight here, would restart again)."""
     monkeypatch.setenv("FAKE_SGLANG_MODE", "die_once")
     monkeypatch.setenv("FAKE_SGLANG_MARKER", str(tmp_path / "died"))
-    counts = run(sg_cfg(tmp_path, "data.limit=8"))
+    watchdog = ["server.health_every_s=1", "server.health_timeout_s=5", "server.health_misses=2"]
+    counts = run(sg_cfg(tmp_path, "data.limit=8", *watchdog))
     assert (tmp_path / "died").exists()
     assert counts["ok"] == 8 and not counts["failed"]
     log = (tmp_path / "out" / "logs" / "server.log").read_text()
