@@ -68,8 +68,8 @@ MUTATIONS = {
     ),
     "ids_snapshot_removed": (
         "recipe/capture/sglang_hook.py",
-        "ids = fb.input_ids[:T].clone()",
-        "ids = fb.input_ids[:T]",
+        "ids = fb.input_ids[lo:hi].clone()",
+        "ids = fb.input_ids[lo:hi]",
         ["tests/test_guarantees.py::test_the_hook_snapshots_ids_before_sglang_refills_its_buffers"],
     ),
     "job_split_not_modulo": (
@@ -296,9 +296,9 @@ def build_c(paths) -> None:
             subprocess.run(["cc", "-O3", "-shared", "-fPIC", f"-I{inc}", str(path), "-o", str(out)], check=True)
 
 
-def apply(name: str) -> dict[Path, str]:
-    """Puts the mutation in; returns the originals of the files it changed. `file` may be a tuple,
-    one file per snippet, for a bug made on two sides at once."""
+def mutated(name: str) -> tuple[dict[Path, str], dict[Path, str]]:
+    """(originals, mutated texts) of the files the mutation changes, nothing written. `file` may be
+    a tuple, one file per snippet, for a bug made on two sides at once."""
     rel, old, new, _ = MUTATIONS[name]
     old, new = (old, new) if isinstance(old, tuple) else ((old,), (new,))
     rels = rel if isinstance(rel, tuple) else (rel,) * len(old)
@@ -310,6 +310,12 @@ def apply(name: str) -> dict[Path, str]:
         if texts[path].count(o) != 1:
             raise SystemExit(f"{name}: a snippet occurs {texts[path].count(o)} times in {r}; update tests/mutate.py")
         texts[path] = texts[path].replace(o, n)
+    return originals, texts
+
+
+def apply(name: str) -> dict[Path, str]:
+    """Puts the mutation in; returns the originals of the files it changed."""
+    originals, texts = mutated(name)
     for path, text in texts.items():
         path.write_text(text)
     build_c(texts)
@@ -329,6 +335,8 @@ def main() -> int:
     unknown = sorted(set(names) - set(MUTATIONS))
     if unknown:
         raise SystemExit(f"unknown mutation(s) {unknown}; --list shows them")
+    for n in names:  # every snippet still where it was, before a long run stops halfway on one
+        mutated(n)
     survived = []
     for n in names:
         originals = apply(n)
