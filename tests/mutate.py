@@ -234,6 +234,12 @@ MUTATIONS = {
         "                held = records.dir_bytes(self.dump_dir)\n",
         ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
     ),
+    "reservation_of_the_planes_only": (  # the record's ids and header go over the budget
+        "recipe/capture/writer.py",
+        "sum(records.record_bytes(r, o, p.shape, last) for r, o, _, p, last in pieces)",
+        "sum(p.nbytes for r, o, _, p, last in pieces)",
+        ["tests/test_reliability.py::test_dump_budget_is_never_exceeded"],
+    ),
     "reservation_released_during_a_scan": (  # a record renamed mid-scan is missed and so is its claim
         "recipe/capture/writer.py",
         "            with self._lock, _locked(self.dump_dir):\n                token.unlink(missing_ok=True)\n",

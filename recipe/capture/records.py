@@ -57,6 +57,17 @@ def split_words(words: np.ndarray) -> np.ndarray:
     return out
 
 
+def _header_bytes(rid: str, offset: int, shape, last: bool | None) -> bytes:
+    _, n, slots, hidden = (int(x) for x in shape)
+    return json.dumps({"rid": rid, "offset": offset, "n": n, "last": last, "slots": slots, "hidden": hidden}).encode()
+
+
+def record_bytes(rid: str, offset: int, shape, last: bool | None) -> int:
+    """The size of the record write_record makes of [2, n, slots, H] planes: what a writer reserves."""
+    _, n, slots, hidden = (int(x) for x in shape)
+    return len(MAGIC) + 4 + len(_header_bytes(rid, offset, shape, last)) + 4 * n + 2 * n * slots * hidden
+
+
 def write_record(
     dump_dir: Path, rid: str, offset: int, input_ids: np.ndarray, planes: np.ndarray, last: bool | None
 ) -> int:
@@ -65,16 +76,7 @@ def write_record(
     input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
     if planes.ndim != 4 or planes.shape[0] != 2 or planes.shape[1] != input_ids.shape[0] or planes.itemsize != 1:
         raise ValueError(f"record {rid}@{offset}: planes {planes.shape}/{planes.dtype} vs ids {input_ids.shape}")
-    header = json.dumps(
-        {
-            "rid": rid,
-            "offset": offset,
-            "n": int(input_ids.shape[0]),
-            "last": last,
-            "slots": int(planes.shape[2]),
-            "hidden": int(planes.shape[3]),
-        }
-    ).encode()
+    header = _header_bytes(rid, offset, planes.shape, last)
     hi, lo = np.ascontiguousarray(planes[0]), np.ascontiguousarray(planes[1])
     return write_atomic(
         Path(dump_dir),

@@ -120,26 +120,21 @@ class CaptureWriter:
             )
         starts = np.concatenate([[0], np.cumsum(extend_lens)]).astype(int)
         ours = [i for i, rid in enumerate(rids) if rid.startswith(self.rid_prefix)]
+        pieces = [  # (rid, offset, ids, planes, last) of each record this pass makes
+            (rids[i], int(prefix_lens[i]), ids[a:b], planes[:, a:b], None if lasts is None else bool(lasts[i]))
+            for i, a, b in ((i, starts[i], starts[i + 1]) for i in ours)
+        ]
         # one look at the directory per pass: the writer thread must not rescan it for every request
-        incoming = sum(planes[:, starts[i] : starts[i + 1]].nbytes for i in ours)
-        token = self.wait_for_budget(incoming)
+        token = self.wait_for_budget(sum(records.record_bytes(r, o, p.shape, last) for r, o, _, p, last in pieces))
         written = 0
         try:
-            for i in ours:
-                a, b = starts[i], starts[i + 1]
-                written += records.write_record(
-                    self.dump_dir,
-                    rids[i],
-                    int(prefix_lens[i]),
-                    ids[a:b],
-                    planes[:, a:b],
-                    None if lasts is None else bool(lasts[i]),
-                )
+            for piece in pieces:
+                written += records.write_record(self.dump_dir, *piece)
         finally:
             self.release(token)  # written: the directory counts it now
-        if self.trace is not None and ours:
+        if self.trace is not None and pieces:
             with open(self.trace, "a") as f:
-                f.writelines(f"{rids[i]} {int(prefix_lens[i])} {starts[i + 1] - starts[i]}\n" for i in ours)
+                f.writelines(f"{rid} {off} {len(i)}\n" for rid, off, i, _, _ in pieces)
         return written
 
     def write_error(self, rid: str, reason: str) -> None:
