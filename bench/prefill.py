@@ -157,9 +157,12 @@ def tail(packer, t_end, timeout_s=600.0) -> dict:
     flushed), until every one is committed."""
     marks, t0 = {}, time.monotonic()
     while len(marks) < 3 and time.monotonic() - t0 < timeout_s and packer.error is None:
-        with packer._lock:
-            left = {"dispatched_s": len(packer.pending), "packed_s": len(packer.pending) + len(packer.inflight)}
-        left["committed_s"] = packer.outstanding()
+        s = packer.stages_left()
+        left = {
+            "dispatched_s": s["waiting"],
+            "packed_s": s["waiting"] + s["packing"],
+            "committed_s": s["waiting"] + s["packing"] + s["committing"],
+        }
         now = time.monotonic()
         for k, v in left.items():
             if v == 0 and k not in marks:

@@ -364,13 +364,17 @@ class Packer:
             self._delete(p)
 
     def outstanding(self) -> int:
+        return sum(self.stages_left().values())
+
+    def stages_left(self) -> dict[str, int]:
+        """Samples each stage still holds: waiting for their dump (or a free worker), being packed,
+        packed but not yet committed."""
         with self._lock:
-            return (
-                len(self.pending)
-                + len(self.inflight)
-                + len(self.uncommitted)
-                + sum(len(done) for _, done in self.committing)
-            )
+            return {
+                "waiting": len(self.pending),
+                "packing": len(self.inflight),
+                "committing": len(self.uncommitted) + sum(len(done) for _, done in self.committing),
+            }
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Packer":

@@ -261,6 +261,12 @@ MUTATIONS = {
         "",
         ["tests/test_sglang_backend.py::test_server_death_restarts_and_resends"],
     ),
+    "pool_sized_for_an_even_share": (  # the last rank's larger share grows a buffer in a timed pass
+        "recipe/capture/sglang_hook.py",
+        "rows = -(-self._pass_tokens // self._rank[1])",
+        "rows = self._pass_tokens // self._rank[1]",
+        ["tests/test_sglang_hook.py::test_the_pool_holds_the_largest_share_when_the_ranks_do_not_divide_the_pass"],
+    ),
     "budget_lock_only_among_threads": (  # writer processes (TP ranks) check and reserve at once
         "recipe/capture/writer.py",
         "            with self._lock, _locked(self.dump_dir):\n                held",

@@ -247,9 +247,7 @@ def test_padding_rows_are_ignored(tmp_path):
 def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path):
     """Pinning host memory holds the CUDA driver: the pool is filled once, on the server's own warm-up
     pass, and no pass after it allocates (passes shorter than the pool's size included)."""
-    hk = DumpHook(
-        tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, group=lambda: (0, 1), pass_bytes=2 * 64 * 4 * H
-    )
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, group=lambda: (0, 1), pass_tokens=64)
     hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
     assert hk.stats.pin_allocs == hk.copy.pool.count == 5  # queue 2 + 2 writers' + the one being filled
     for i in range(12):
@@ -258,8 +256,19 @@ def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path)
     assert hk.stats.pin_allocs == 5 and len(dumped(tmp_path)) == 12
 
 
+def test_the_pool_holds_the_largest_share_when_the_ranks_do_not_divide_the_pass(tmp_path):
+    """Rank 2 of 3 gets rows 42-63 of a 64-token pass: 22 rows, more than a third of the pass's bytes."""
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, group=lambda: (2, 3), pass_tokens=64)
+    hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a"], [64], [0], seed=5)
+    hk(fb, final, aux)
+    hk.flush()
+    assert hk.stats.pin_allocs == hk.copy.pool.count  # filled once, no buffer grown in the pass
+    assert np.array_equal(dumped(tmp_path)[("hsx-a", 42)][2], expect_rows(fb, final, aux, 42, 22)[0])
+
+
 def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stays_bounded(tmp_path):
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1), pass_bytes=2 * 8 * 4 * H)
+    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1), pass_tokens=8)
     for i, n in enumerate([4, 40, 8, 400, 6]):
         fb, final, aux = batch(ForwardMode.EXTEND, [f"hsx-{i}"], [n], [0], seed=i)
         hk(fb, final, aux)

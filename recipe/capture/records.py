@@ -120,13 +120,11 @@ def read_record(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
     return h, ids, from_planes(planes[0], planes[1]).reshape(n, h["slots"], h["hidden"])
 
 
-def clear_reservations(dump_dir: Path) -> int:
+def clear_reservations(dump_dir: Path) -> None:
     """Removes the reservations of writers that are gone (a killed server's): call only while no
-    writer runs. Returns how many there were."""
-    stale = list(Path(dump_dir).glob(RESERVATION + "*"))
-    for p in stale:
+    writer runs."""
+    for p in Path(dump_dir).glob(RESERVATION + "*"):
         p.unlink(missing_ok=True)
-    return len(stale)
 
 
 def dir_bytes(dump_dir: Path, reservations: bool = False) -> int:

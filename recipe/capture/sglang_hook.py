@@ -90,9 +90,6 @@ def install(model, env=os.environ):
         model.capture_aux_hidden_states = True
         model.model.layers_to_capture = list(layers)
     final = env.get(ENV_FINAL, "1") == "1"
-    hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
-    # a whole pass's planes: [2, tokens, slots, hidden] bytes
-    pass_bytes = 2 * int(env.get(ENV_PASS_TOKENS, "0") or 0) * (len(layers) + final) * hidden
     hook = DumpHook(
         env[ENV_DIR],
         layers,
@@ -102,7 +99,7 @@ def install(model, env=os.environ):
         int(env.get(ENV_QUEUE, "4")),
         write=env.get(ENV_NO_WRITE, "0") != "1",
         trace_dir=env.get(ENV_TRACE) or None,
-        pass_bytes=pass_bytes,
+        pass_tokens=int(env.get(ENV_PASS_TOKENS, "0") or 0),
         stats_path=env.get(ENV_STATS) or None,
         writers=int(env.get(ENV_WRITERS, "2")),
         share_ranks=int(env.get(ENV_SHARE, "0") or 0),
@@ -199,7 +196,7 @@ class DumpHook:
         group=sglang_group,
         write: bool = True,
         trace_dir=None,
-        pass_bytes: int = 0,
+        pass_tokens: int = 0,
         stats_path=None,
         writers: int = 2,
         share_ranks: int = 0,
@@ -212,7 +209,7 @@ class DumpHook:
         self._time_gpu = stats_path is not None  # two CUDA events per pass, only when someone reads them
         # every buffer that can be in flight: the queue's, the writers', the one being filled
         self.copy = HostCopy(PinnedPool(max(1, queue_size) + max(1, writers) + 1, self.stats))
-        self._pass_bytes = int(pass_bytes)
+        self._pass_tokens = int(pass_tokens)
         self.thread = WriterThreads(
             self.writer, rid_prefix, queue_size, write, self.stats, stats_path, self.copy.pool, writers
         )
@@ -226,15 +223,14 @@ class DumpHook:
         if self._rank is None:  # the first EXTEND is the server's own warm-up, before /health
             rank, size = self._group()
             self._rank = (rank, min(size, self._share_ranks or size))
-            if rank < self._rank[1] and self._pass_bytes:  # pin the pool now, not in timed passes
-                self.copy.pool.fill(-(-self._pass_bytes // self._rank[1]))  # a share at most
+            if rank < self._rank[1] and self._pass_tokens:  # pin the pool now, not in timed passes
+                rows = -(-self._pass_tokens // self._rank[1])  # the largest share of a pass
+                self.copy.pool.fill(2 * rows * (len(self.layers) + self.final) * hidden_states.shape[-1])
             if rank:  # the stats file holds rank 0's figures: every rank does an equal share
                 self.thread.stats_path, self._time_gpu = None, False
         if self._rank[0] >= self._rank[1]:  # a rank that does not share the writing
             return
         rids = list(forward_batch.rids or [])
-        if not any(r.startswith(self.prefix) for r in rids):  # warm-up and health checks end here
-            return
         t0 = time.perf_counter()
         try:
             self._capture(forward_batch, rids, hidden_states, aux_hidden_states)
@@ -253,7 +249,7 @@ class DumpHook:
         T = sum(ext)
         lo, hi, idx, pre, ext = share(pre, ext, *self._rank)
         rids = [rids[i] for i in idx]
-        if not any(r.startswith(self.prefix) for r in rids):  # e.g. only a health check's rows
+        if not any(r.startswith(self.prefix) for r in rids):  # warm-up, health checks: nothing of ours
             return
         parts = list(aux_hidden_states or [])
         if len(parts) != len(self.layers):
