@@ -8,7 +8,7 @@ did up to this session); `words`: each slot seen as int16 words, the high byte a
 one as the word cast to uint8, each written in one elementwise pass. Both must give the same planes
 (checked here on values including -0, Inf and NaN). Data: N(0, 0.05) in bf16, a whole chunked-prefill
 pass (8192 tokens) of the 8B shape the throughput benchmark serves.
-Seen on an H200 (docs/benchmarks.md section 00000): `bytes` 0.625 ms per pass, `words` 0.761 ms and
+Seen on an H200 (docs/benchmarks.md, "The hook's split kernel"): `bytes` 0.625 ms per pass, `words` 0.761 ms and
 *not* the same planes there (the same on the CPU), so the hook keeps `bytes`.
 """
 

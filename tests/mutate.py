@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "specforge_direct_order_numeric": (
+        "recipe/shards/trainers.py",
+        "order = sorted(range(len(self.dataset(root))), key=specforge_file)",
+        "order = range(len(self.dataset(root)))",
+        ["tests/test_export.py::test_specforge_trainer_reads_the_shards_as_it_reads_an_export"],
+    ),
+    "patch_reads_hs_dump_unguarded": (
+        "patches/sglang/v0.5.16/llama.patch",
+        '+        if getattr(self, "hs_dump", None) is not None:',
+        "+        if self.hs_dump is not None:",
+        ["tests/test_patch.py::test_a_subclass_that_skips_the_patched_init_still_runs_the_patched_forward"],
+    ),
     "compiled_join_swaps_planes": (
         "recipe/shards/_join.c",
         "out[i] = (uint16_t)(high[i] << 8 | low[i]);",

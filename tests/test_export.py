@@ -97,6 +97,36 @@ def test_specforge_dataset_and_collator_read_the_export_exactly(shards, tmp_path
         assert not batch["attention_mask"][b, L:].any() and batch["attention_mask"][b, :L].all()
 
 
+def test_specforge_trainer_reads_the_shards_as_it_reads_an_export(shards, tmp_path):
+    """Under specforge_reads_shards, SpecForge's own offline reader and feature store serve a shard
+    set directly: the same samples, in the same order (its sorted file list: data_0, data_1,
+    data_10, ...), with the same tensors as over an export; outside the block, its functions again."""
+    trainer("specforge")
+    from specforge.runtime.data_plane import feature_store, offline_reader
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+
+    from recipe.shards.trainers import specforge_reads_shards
+
+    export("specforge", shards, tmp_path / "sf")
+
+    def served(path):
+        refs = offline_reader.OfflineManifestReader(str(path)).read()
+        return [LocalFeatureStore().get(ref)[0] for ref in refs]
+
+    theirs = served(tmp_path / "sf")
+    saved = (offline_reader.list_feature_files, feature_store.load_feature_file)
+    with specforge_reads_shards():
+        ours = served(shards)
+        assert served(tmp_path / "sf")[0]["input_ids"].equal(theirs[0]["input_ids"])  # other paths: theirs
+    assert (offline_reader.list_feature_files, feature_store.load_feature_file) == saved
+    assert len(ours) == len(theirs) == 12
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    r = ShardReader(shards)  # third in SpecForge's order is the export's data_10, the 11th sample
+    assert torch.equal(ours[2]["input_ids"], r.get(r.ids[10])["input_ids"].long())
+
+
 def specforge_without_triton():
     """SpecForge's loss module imports Triton at the top (a GPU kernel). Put the torch reference its
     own docstring gives (_compute_loss) in its place; every other piece below is SpecForge's."""

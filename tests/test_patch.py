@@ -74,6 +74,31 @@ def test_hook_call_sits_in_forward_after_the_unpacking(site):
     assert "self.hs_dump = install(self)" in init and "set_eagle3_layers_to_capture" not in init
 
 
+def test_a_subclass_that_skips_the_patched_init_still_runs_the_patched_forward(site):
+    """SGLang's EAGLE-3 draft (LlamaForCausalLMEagle3) subclasses LlamaForCausalLM with an __init__
+    of its own and inherits its forward: a draft served beside a patched target must not need
+    hs_dump (it crashed the first speculative-decoding server: AttributeError 'hs_dump')."""
+    draft = ast.parse((site / "sglang/srt/models/llama_eagle3.py").read_text())
+    cls = next(n for n in draft.body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLMEagle3")
+    assert [ast.unparse(b) for b in cls.bases] == ["LlamaForCausalLM"]
+    own = {n.name: ast.unparse(n) for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assert "super().__init__" not in own["__init__"] and "forward" not in own
+    patch.apply(site, VERSION)
+    for rel in PATCHED:
+        tree = ast.parse((site / rel).read_text())
+        for c in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            fwd = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+            if fwd is not None and "hs_dump" in ast.unparse(fwd):
+                reads = [
+                    a
+                    for a in ast.walk(fwd)
+                    if isinstance(a, ast.Attribute) and a.attr == "hs_dump" and isinstance(a.ctx, ast.Load)
+                ]
+                guard = "getattr(self, 'hs_dump', None) is not None"
+                assert guard in ast.unparse(fwd), (rel, c.name)
+                assert len(reads) == 1  # the call itself, under the guard
+
+
 def test_a_drifted_upstream_fails_loudly_and_writes_nothing(site):
     target = site / "sglang/srt/models/deepseek_v2.py"
     lines = target.read_text().splitlines(keepends=True)

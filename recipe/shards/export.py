@@ -54,6 +54,12 @@ def specforge_raw(x: dict, n_aux: int) -> dict:
     }
 
 
+def specforge_file(i: int) -> str:
+    """Sample i's file in a SpecForge export (its prepare_hidden_states.py layout)."""
+    g = i // SPECFORGE_GROUP * SPECFORGE_GROUP
+    return f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
+
+
 def speculators_raw(x: dict, n_aux: int, final: str, norm_weight=None) -> dict:
     """One speculators hs_i record: captured layers, then the final slot as `final` says."""
     import torch
@@ -217,8 +223,7 @@ def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):
     for i, sid in enumerate(r.ids):
         x = r.get(sid)
         if fmt == "specforge":
-            g = i // SPECFORGE_GROUP * SPECFORGE_GROUP
-            rel = f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt" + (".gz" if compress else "")
+            rel = specforge_file(i) + (".gz" if compress else "")
             (stage / rel).parent.mkdir(exist_ok=True)
             rec = specforge_raw(x, n_aux)
             if compress:

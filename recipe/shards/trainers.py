@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .export import final_norm_weight, model_dir_of, specforge_raw, speculators_raw
+from .export import final_norm_weight, model_dir_of, specforge_file, specforge_raw, speculators_raw
 from .reader import ShardReader
 
 
@@ -71,3 +71,73 @@ class SpeculatorsDataset(_ShardDataset):
         from speculators.train.data import BaseDataset
 
         return BaseDataset.__getitem__(self, i)  # theirs adds lengths and position_ids
+
+
+# --- SpecForge's own trainer (`specforge train`) reading shards, no export -------------------
+
+SHARD_REF = "#sample-"  # a feature "file" path that names one sample of a shard set: ROOT#sample-I
+
+
+def _is_shard_set(path) -> bool:
+    return (Path(path) / "manifest.json").exists() and (Path(path) / "index.jsonl").exists()
+
+
+class _ShardFiles:
+    """Stands in for SpecForge's two offline file functions: list_feature_files(path) and
+    load_feature_file(path). A shard set lists as ROOT#sample-I, I = the sample's number in an export
+    (index order), in the order SpecForge lists that export's files (sorted paths: data_0, data_1,
+    data_10, ...), so its seeded sampler draws the same samples in the same steps as over an export.
+    Anything else goes to SpecForge's own functions unchanged."""
+
+    def __init__(self, list_files, load_file, item):
+        self.list_files, self.load_file, self.item = list_files, load_file, item
+        self.datasets: dict[str, _ShardDataset] = {}
+
+    def dataset(self, root: str) -> _ShardDataset:
+        if root not in self.datasets:
+            self.datasets[root] = _ShardDataset(root)
+        return self.datasets[root]
+
+    def list(self, path):
+        if not _is_shard_set(path):
+            return self.list_files(path)
+        root = str(Path(path).resolve())
+        order = sorted(range(len(self.dataset(root))), key=specforge_file)
+        return [f"{root}{SHARD_REF}{i}" for i in order]
+
+    def load(self, path):
+        if SHARD_REF not in str(path):
+            return self.load_file(path)
+        root, i = str(path).rsplit(SHARD_REF, 1)
+        ds = self.dataset(root)
+        return self.item(ds.sample(int(i)), ds.n_aux)
+
+
+class specforge_reads_shards:
+    """Within this block, SpecForge's offline trainer reads a shard set named as
+    `data.hidden_states_path` directly: each feature "file" is one sample, built by the same
+    `specforge_raw` the exporter writes (so the loss curve equals training on an export), and every
+    other step (sampler, normalizer, collator, vocab mapping, training) is SpecForge's own.
+
+        with specforge_reads_shards():
+            specforge.cli.main(["train", "-c", "run.yaml"])   # data.hidden_states_path: OUT
+
+    `item(sample, n_aux) -> dict` replaces `specforge_raw` (the draft benchmark's controls use it).
+    DataLoader workers must be forked (Linux's default) to inherit the swap."""
+
+    def __init__(self, item=specforge_raw):
+        self.item = item
+
+    def __enter__(self):
+        from specforge.runtime.data_plane import feature_store, offline_reader
+
+        self._mods = (offline_reader, feature_store)
+        self._saved = (offline_reader.list_feature_files, feature_store.load_feature_file)
+        files = _ShardFiles(*self._saved, self.item)
+        offline_reader.list_feature_files, feature_store.load_feature_file = files.list, files.load
+        return files
+
+    def __exit__(self, *exc):
+        (offline_reader, feature_store), (lst, load) = self._mods, self._saved
+        offline_reader.list_feature_files, feature_store.load_feature_file = lst, load
+        return False

@@ -5,11 +5,12 @@
 #   bash tests/gpu/device.sh install    # install whatever wheel folders came along
 #   bash tests/gpu/device.sh proof      # patch SGLang in /tmp/site, run tests/gpu -> $OUT/{report.json,pytest.log,servers.log}
 #   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
+#   bash tests/gpu/device.sh draft      # bench/draft.py all -> $OUT/draft.json, draft.log, draft-logs.tgz
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/site
-for d in a b r; do
+for d in a b r s; do
   if [ -d .gpu-wheels/$d ] && [ ! -e /tmp/site/.installed-$d ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu-wheels/$d/*.whl \
       && touch /tmp/site/.installed-$d && echo "installed wheel folder $d"
@@ -23,6 +24,9 @@ case "${1:-install}" in
     GPU_REPORT="$OUT/report.json" GPU_WORK=/tmp/gpu-proof timeout 560 python3 -m pytest -q tests/gpu -p no:cacheprovider \
       -o timeout=900 -rA "${@:2}" 2>&1 | tee "$OUT/pytest.log" | grep -E "PASS|FAIL|SKIP|ERROR|passed|failed" ;
     for f in /tmp/gpu-proof/server-*.log; do echo "=== $f"; tail -n 150 "$f"; done > "$OUT/servers.log" 2>&1 ;;
+  draft)
+    timeout 585 python3 bench/draft.py all --work /tmp/draft --out "$OUT/draft.json" "${@:2}" 2>&1 | tee "$OUT/draft.log" | grep -v "HTTP Request" | tail -60
+    (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json data/data.json) ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;

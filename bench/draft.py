@@ -1,0 +1,640 @@
+"""Does a draft trained on the recipe's shards make the target decode faster? The shards' purpose,
+measured end to end on one GPU, with controls that show the measure sees bad data.
+
+    python bench/draft.py all --work /tmp/draft --out draft.json     # GPU host, SGLang 0.5.16 + SpecForge 0.2.0
+
+Steps (each a subcommand; `all` runs them in order and skips what the work folder already holds, so a
+later call resumes where an earlier one stopped):
+  target   a Llama-shaped byte-level target (8 layers, hidden 512) trained for a few minutes on the
+           host's Python sources in chat form (a code window as the user turn, what follows as the
+           reply); held-out loss on files it never saw; bf16 safetensors that SGLang and HF both load
+  data     the target served by SGLang: held-in prompts answered by the target itself (sampled, as
+           EAGLE-3 practice regenerates data), written as chat JSONL; held-out prompts kept aside
+  extract  `python -m recipe backend=sglang ...` as a user runs it, at the EAGLE-3 default layers for
+           8 layers; and the same run one layer deeper (the off-by-one control's shards)
+  train    SpecForge 0.2.0's own `specforge train` (its CLI, config schema, sampler, collator, loss):
+           reading the shards directly (recipe.shards.trainers.specforge_reads_shards), once from
+           `python -m recipe.shards export --to specforge`, and the controls; then `specforge export
+           --to sglang` for each
+  serve    SGLang 0.5.16 with each draft (--speculative-algorithm EAGLE3, 3 steps, top-k 1, 4 draft
+           tokens) on held-out prompts: acceptance length for every draft, decode tokens/s at batch 1
+           and 16 for the real draft and for the target alone, each alone on the GPU
+
+Controls (same training, one thing wrong):
+  permuted     aux slots concatenated in another order than the draft config's
+  wrong_norm   the last slot as a pre-norm state where SpecForge wants the state fed to lm_head
+  off_by_one   shards captured one layer deeper than the draft config claims
+  untrained    the draft as initialised (learning rate ~0, one step)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import hashlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET = dict(
+    hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+)
+N_LAYERS = TARGET["num_hidden_layers"]
+# SGLang's and SpecForge's default EAGLE-3 capture for N layers: outputs of layers [1, N//2-1, N-4]
+# (their convention) = residual streams entering [2, N//2, N-3] (ours).
+LAYERS = [2, N_LAYERS // 2, N_LAYERS - 3]
+SPEC = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+# Same flags for every server, target alone included. Decode CUDA graphs stay off everywhere: the
+# draft's graph capture imports deep_gemm, which the staged wheels lack; the comparison stays fair.
+SERVE = [
+    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+    "--skip-tokenizer-init", "--mem-fraction-static", "0.08", "--max-total-tokens", "65536",
+]  # fmt: skip
+USER_BYTES, REPLY_BYTES = (192, 384), 256
+ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+# --- the text and its chat form ---------------------------------------------------------------
+
+
+def corpus(limit_bytes: int = 96 << 20) -> tuple[list[bytes], list[bytes]]:
+    """The host's Python sources, split by file: 1 in 20 files held out (by a hash of its path)."""
+    paths = sysconfig.get_paths()
+    roots = sorted({Path(paths["stdlib"]), Path(paths["purelib"])})
+    held_in, held_out, total = [], [], 0
+    for root in roots:
+        for p in sorted(root.rglob("*.py")):
+            try:
+                b = p.read_bytes()
+            except OSError:
+                continue
+            if len(b) < 2 * (USER_BYTES[1] + REPLY_BYTES) or total > limit_bytes:
+                continue
+            total += len(b)
+            rel = str(p.relative_to(root)).encode()
+            (held_out if hashlib.sha1(rel).digest()[0] % 20 == 0 else held_in).append(b)
+    return held_in, held_out
+
+
+def clean(b: bytes) -> bytes:
+    return b.decode("utf-8", "ignore").strip().encode()  # whole characters; the template trims
+
+
+def window(files: list[bytes], rng: random.Random) -> tuple[bytes, bytes]:
+    f = files[rng.randrange(len(files))]
+    u = rng.randint(*USER_BYTES)
+    at = rng.randrange(len(f) - u - REPLY_BYTES)
+    return clean(f[at : at + u]), clean(f[at + u : at + u + REPLY_BYTES])
+
+
+class Chat:
+    """Token ids of the llama3 template (recipe.tiny.LLAMA3) on the byte tokenizer: byte b is id b."""
+
+    def __init__(self, tok):
+        ids = tok.convert_tokens_to_ids
+        self.bos, self.sh, self.eh, self.eot = (
+            ids(s) for s in ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+        )
+        self.pad = tok.pad_token_id
+
+    def turn(self, role: str, content: bytes) -> list[int]:
+        return [self.sh, *role.encode(), self.eh, *b"\n\n", *content, self.eot]
+
+    def prompt(self, user: bytes) -> list[int]:
+        return [self.bos, *self.turn("user", user), self.sh, *b"assistant", self.eh, *b"\n\n"]
+
+    def conversation(self, user: bytes, reply: bytes) -> list[int]:
+        return [*self.prompt(user), *reply, self.eot]
+
+
+def reply_text(output_ids: list[int]) -> str:
+    return bytes(i for i in output_ids if i < 256).decode("utf-8", "ignore").strip()
+
+
+# --- step 1: the target -------------------------------------------------------------------------
+
+
+def train_target(work: Path, seconds: float, seed: int = 0) -> dict:
+    import torch
+    import transformers
+
+    from recipe.tiny import VOCAB, make_tokenizer
+
+    out = work / "target"
+    if (out / "target.json").exists():
+        return json.loads((out / "target.json").read_text())
+    held_in, held_out = corpus()
+    log(f"target: {len(held_in)} held-in files, {len(held_out)} held-out, {sum(map(len, held_in)) >> 20} MB")
+    tok = make_tokenizer("llama3")
+    chat = Chat(tok)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=chat.bos,
+        eos_token_id=chat.eot,  # the reply ends at <|eot_id|>: generation stops there
+        pad_token_id=chat.pad,
+        **TARGET,
+    )
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a plumbing check
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    rng, eval_rng = random.Random(seed), random.Random(seed + 1)
+    L = 1 + 24 + USER_BYTES[1] + REPLY_BYTES  # the longest conversation
+
+    def batch(files, r, n):
+        ids = torch.full((n, L), chat.pad, dtype=torch.long)
+        for i in range(n):
+            c = chat.conversation(*window(files, r))
+            ids[i, : len(c)] = torch.tensor(c)
+        labels = ids.masked_fill(ids == chat.pad, -100)
+        return ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
+
+    def loss_of(ids, labels):
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            return model(input_ids=ids, labels=labels).loss
+
+    t0, step, curve = time.monotonic(), 0, []
+    while (elapsed := time.monotonic() - t0) < seconds:
+        lr = 2e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / seconds)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = loss_of(*batch(held_in, rng, 96))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0:
+            curve.append((step, round(elapsed, 1), round(loss.item(), 4)))
+            log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
+        step += 1
+    model.eval()
+    with torch.no_grad():
+        held_out_loss = sum(loss_of(*batch(held_out, eval_rng, 64)).item() for _ in range(16)) / 16
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    # SpecForge's TargetHead finds lm_head through an *.index.json (one-file checkpoints have none)
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as f:
+        weight_map = {k: "model.safetensors" for k in f.keys()}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    info = {
+        "steps": step,
+        "seconds": round(time.monotonic() - t0, 1),
+        "tokens_seen": step * 96 * L,
+        "held_out_loss_nats_per_token": round(held_out_loss, 4),
+        "held_out_bits_per_byte": round(held_out_loss / math.log(2), 4),
+        "curve": curve,
+        "config": TARGET,
+    }
+    (out / "target.json").write_text(json.dumps(info, indent=1))
+    log(f"target: held-out loss {held_out_loss:.3f} nats/token after {step} steps")
+    return info
+
+
+# --- servers and the client -------------------------------------------------------------------
+
+
+def server(work: Path, name: str, model: Path, port: int, extra: list[str] = ()):
+    from recipe.backends.sglang import Server
+
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *SERVE, *extra]
+    return Server(argv, dict(os.environ), work / "logs" / f"{name}.log", f"http://127.0.0.1:{port}", 900)
+
+
+class Servers:
+    """Several servers started together (they compile and load in parallel), stopped together."""
+
+    def __init__(self, *servers):
+        self.servers = servers
+
+    def __enter__(self):
+        for s in self.servers:
+            s.start()
+        for s in self.servers:
+            s.wait_ready()
+        return self.servers
+
+    def __exit__(self, *exc):
+        for s in self.servers:
+            s.stop(grace_s=5)
+
+
+async def _generate(url: str, prompts: list[list[int]], concurrency: int, params: dict) -> tuple[list[dict], float]:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one(ids):
+            async with sem:
+                r = await client.post(url + "/generate", json={"input_ids": ids, "sampling_params": params})
+                r.raise_for_status()
+                return r.json()
+
+        t0 = time.monotonic()
+        outs = await asyncio.gather(*(one(p) for p in prompts))
+        return outs, time.monotonic() - t0
+
+
+def generate(srv, prompts, concurrency, **params):
+    return asyncio.run(_generate(srv.url, prompts, concurrency, params))
+
+
+def decode_figures(srv, prompts: list[list[int]], stop: list[int], batch: int) -> dict:
+    """Greedy decode of held-out prompts with `batch` requests in flight: output tokens/s and, under
+    speculative decoding, acceptance length (accepted tokens per verify pass, the bonus included)."""
+    outs, wall = generate(srv, prompts, batch, max_new_tokens=REPLY_BYTES, temperature=0.0, stop_token_ids=stop)
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    fig = {"batch": batch, "requests": len(outs), "output_tokens": tokens, "seconds": round(wall, 3)}
+    fig["tokens_per_s"] = round(tokens / wall, 1)
+    verify = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+    if verify:
+        fig["accept_length"] = round(tokens / verify, 3)
+        fig["accept_length_mean_per_request"] = round(
+            sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs), 3
+        )
+    fig["outputs_sha1"] = hashlib.sha1(json.dumps([o["output_ids"] for o in outs]).encode()).hexdigest()[:12]
+    return fig
+
+
+# --- step 2: training data the way EAGLE-3 practice makes it ------------------------------------
+
+
+def make_data(work: Path, n_train: int, n_eval: int, seed: int = 0) -> dict:
+    from transformers import AutoTokenizer
+
+    out = work / "data"
+    if (out / "data.json").exists():
+        return json.loads((out / "data.json").read_text())
+    tok = AutoTokenizer.from_pretrained(work / "target")
+    chat = Chat(tok)
+    held_in, held_out = corpus()
+    rng = random.Random(seed + 2)
+    users = [window(held_in, rng)[0] for _ in range(n_train)]
+    evals = [window(held_out, rng)[0] for _ in range(n_eval)]
+    with Servers(server(work, "data-target", work / "target", 31000)) as (srv,):
+        outs, wall = generate(
+            srv, [chat.prompt(u) for u in users], 128, max_new_tokens=REPLY_BYTES + 64, temperature=0.8,
+            stop_token_ids=[chat.eot],
+        )  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    with open(out / "train.jsonl", "w") as f:
+        for u, o in zip(users, outs):
+            reply = reply_text(o["output_ids"])
+            if reply:
+                msgs = [{"role": "user", "content": u.decode()}, {"role": "assistant", "content": reply}]
+                f.write(json.dumps({"messages": msgs}) + "\n")
+                kept += 1
+    with open(out / "eval.jsonl", "w") as f:
+        for u in evals:
+            f.write(json.dumps({"messages": [{"role": "user", "content": u.decode()}]}) + "\n")
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    info = {"train_conversations": kept, "eval_prompts": n_eval, "generated_tokens": tokens}
+    info["generation_seconds"] = round(wall, 1)
+    (out / "data.json").write_text(json.dumps(info, indent=1))
+    log(f"data: {kept} conversations ({tokens} generated tokens in {wall:.0f} s), {n_eval} held-out prompts")
+    return info
+
+
+def eval_prompts(work: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    chat = Chat(AutoTokenizer.from_pretrained(work / "target"))
+    lines = (work / "data" / "eval.jsonl").read_text().splitlines()
+    return [chat.prompt(json.loads(x)["messages"][0]["content"].encode()) for x in lines]
+
+
+# --- step 3: extraction, exactly as a user runs it ----------------------------------------------
+
+
+def recipe_argv(work: Path, name: str, layers: list[int], port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "recipe", "backend=sglang", "model=tiny-llama", f"model.name={name}",
+        f"model.path={work / 'target'}", "data=jsonl", f"data.sources=[{work / 'data' / 'train.jsonl'}]",
+        "data.max_length=2048", f"capture.layers=[{','.join(map(str, layers))}]",
+        f"output_dir={work / 'shards' / name}", f"capture.dump_dir=/dev/shm/hs-draft-{name}",
+        f"server.port={port}", "server.args.attention_backend=triton", "server.args.mem_fraction_static=0.3",
+        f"hydra.run.dir={work / 'runs' / name}",
+    ]  # fmt: skip
+
+
+def extract(work: Path) -> dict:
+    """The real shards at the default layers, then the off-by-one control's one layer deeper (one after
+    the other: two servers starting at once misjudge the GPU memory left for their KV caches)."""
+    runs = {"real": LAYERS, "off_by_one": [i + 1 for i in LAYERS]}
+    info = {}
+    for i, (name, layers) in enumerate(runs.items()):
+        if (work / "shards" / name / "manifest.json").exists():
+            continue
+        argv = recipe_argv(work, name, layers, 31100 + 10 * i)
+        log("extract:", " ".join(argv[1:]))
+        t0 = time.monotonic()
+        if subprocess.run(argv, cwd=ROOT).returncode != 0:
+            raise SystemExit(f"extract {name}: python -m recipe failed (log in {work / 'runs' / name})")
+        info[name] = {"seconds_with_server_start": round(time.monotonic() - t0, 1)}
+    for name in runs:
+        v = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(work / "shards" / name)], cwd=ROOT)
+        if v.returncode != 0:
+            raise SystemExit(f"extract {name}: verify failed")
+        m = json.loads((work / "shards" / name / "manifest.json").read_text())
+        info.setdefault(name, {}).update(layers=m["capture"]["layers"], counts=m.get("counts"))
+    return info
+
+
+# --- step 4: SpecForge trains the drafts ----------------------------------------------------------
+
+
+def draft_json(work: Path, layer_ids: list[int]) -> Path:
+    """SpecForge's Llama EAGLE-3 draft for this target (its configs/llama3-8B-eagle3.json, scaled):
+    one decoder layer, the target's vocab (no d2t mapping needed), the capture layer ids that the
+    export printed, in SpecForge's convention."""
+    t = json.loads((work / "target" / "config.json").read_text())
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+            "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta", "hidden_act",
+            "bos_token_id", "eos_token_id", "pad_token_id", "head_dim")  # fmt: skip
+    cfg = {k: t[k] for k in keep if k in t}
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        draft_vocab_size=t["vocab_size"],
+        target_hidden_size=t["hidden_size"],
+        torch_dtype="bfloat16",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True},
+    )
+    p = work / "drafts" / "draft.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(cfg, indent=1))
+    return p
+
+
+def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[int], epochs: int) -> Path:
+    untrained = arm == "untrained"
+    cfg = {
+        "run_id": arm,
+        "output_dir": str(work / "drafts" / arm),
+        "model": {
+            "target_model_path": str(work / "target"),
+            "draft_model_config": str(draft),
+            "aux_hidden_state_layer_ids": layer_ids,
+        },
+        "data": {
+            "hidden_states_path": str(features),
+            "max_length": 2048,
+            "cache_dir": str(work / "drafts" / f"cache-{arm}"),
+            "dataloader_num_workers": 2,
+        },
+        "training": {
+            "strategy": "eagle3",
+            "num_epochs": 1 if untrained else epochs,
+            "max_steps": 1 if untrained else None,
+            "batch_size": 16,
+            "learning_rate": 1e-12 if untrained else 1e-3,
+            "ttt_length": 7,
+            "attention_backend": "sdpa",
+            "fsdp_sharding": "NO_SHARD",  # one GPU: their DDP path (FSDP also refuses a CPU plumbing check)
+            "log_interval": 10,
+            "seed": 0,
+        },
+    }
+    p = work / "drafts" / f"{arm}.json"  # JSON is YAML: SpecForge's load_config reads it
+    p.write_text(json.dumps(cfg, indent=1))
+    return p
+
+
+def permuted(x, n_aux):
+    """Aux slots concatenated as [c, a, b] where the draft config (and SGLang at serving) says [a, b, c]."""
+    from recipe.shards.export import specforge_raw
+
+    raw = specforge_raw(x, n_aux)
+    a = raw["aux_hidden_state"]
+    H = a.shape[-1] // n_aux
+    order = [n_aux - 1, *range(n_aux - 1)]
+    raw["aux_hidden_state"] = a.view(1, -1, n_aux, H)[:, :, order].reshape(a.shape).clone()
+    return raw
+
+
+@functools.cache
+def target_norm_weight():
+    from recipe.shards.export import final_norm_weight
+
+    return final_norm_weight(os.environ["DRAFT_TARGET"])
+
+
+def wrong_norm(x, n_aux):
+    """The last slot before the final norm (its pre-norm equivalent) where SpecForge feeds lm_head."""
+    from recipe.shards.export import pre_norm_equivalent, specforge_raw
+
+    raw = specforge_raw(x, n_aux)
+    w = target_norm_weight()
+    raw["hidden_state"] = pre_norm_equivalent(raw["hidden_state"][0], w)[None].clone()
+    return raw
+
+
+def sf_train(arm: str, config: str) -> int:
+    """One `specforge train -c CONFIG`, in this process (run as a subprocess of `train`)."""
+    from specforge.cli import main
+
+    from recipe.shards.export import specforge_raw
+    from recipe.shards.trainers import specforge_reads_shards
+
+    if arm == "real_export":
+        return main(["train", "-c", config])  # its own reader over the exported .ckpt files
+    with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(arm, specforge_raw)):
+        return main(["train", "-c", config])
+
+
+def specforge(*args: str, log_path: Path) -> subprocess.Popen:
+    code = "import sys; from specforge.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+
+
+def loss_curve(log_path: Path) -> list[dict]:
+    """SpecForge's console logger prints `step N: {metrics}` every log_interval steps."""
+    import ast
+
+    curve = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("step ") and ": {" in line:
+            step, metrics = line[5:].split(": ", 1)
+            try:
+                curve.append({"step": int(step), **ast.literal_eval(metrics)})
+            except (ValueError, SyntaxError):
+                continue
+    return curve
+
+
+def train_drafts(work: Path, epochs: int) -> dict:
+    shards = work / "shards"
+    export_dir = work / "sf-export"
+    if not (export_dir / "export_info.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "recipe.shards", "export", "--to", "specforge", str(shards / "real"),
+             str(export_dir), "--overwrite"], cwd=ROOT, check=True,
+        )  # fmt: skip
+    layer_ids = json.loads((export_dir / "export_info.json").read_text())["draft_config"][
+        "eagle_aux_hidden_state_layer_ids"
+    ]
+    draft = draft_json(work, layer_ids)
+    features = {arm: shards / "real" for arm in ARMS} | {"real_export": export_dir, "off_by_one": shards / "off_by_one"}
+    env = dict(os.environ, DRAFT_TARGET=str(work / "target"))
+    procs = {}
+    for arm in ARMS:
+        if (work / "serve" / arm / "config.json").exists():
+            continue
+        cfg = run_yaml(work, arm, features[arm], draft, layer_ids, epochs)
+        logf = open(work / "drafts" / f"{arm}.log", "w")
+        argv = [sys.executable, __file__, "_sftrain", arm, str(cfg)]
+        procs[arm] = (
+            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT),
+            time.monotonic(),
+        )
+        log(f"train {arm}: SpecForge on {features[arm]}")
+    info = {"layer_ids_specforge": layer_ids, "arms": {}}
+    for arm, (p, t0) in procs.items():
+        if p.wait() != 0:
+            tail = "\n".join((work / "drafts" / f"{arm}.log").read_text(errors="replace").splitlines()[-30:])
+            raise SystemExit(f"train {arm}: specforge train exited {p.returncode}\n{tail}")
+        took = time.monotonic() - t0
+        ex = specforge("export", "--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config",
+                       str(draft), "--output-dir", str(work / "serve" / arm),
+                       log_path=work / "drafts" / f"{arm}-export.log")  # fmt: skip
+        if ex.wait() != 0:
+            raise SystemExit(f"export {arm}: see {work / 'drafts' / f'{arm}-export.log'}")
+        curve = loss_curve(work / "drafts" / f"{arm}.log")
+        (work / "drafts" / f"{arm}-curve.json").write_text(json.dumps(curve))
+        log(f"train {arm}: {took:.0f} s, {len(curve)} log points")
+    for arm in ARMS:
+        curve = json.loads((work / "drafts" / f"{arm}-curve.json").read_text())
+        info["arms"][arm] = {
+            "log_points": len(curve),
+            "first": curve[0] if curve else None,
+            "last": curve[-1] if curve else None,
+        }
+    info["direct_vs_export"] = compare_curves(work)
+    return info
+
+
+def compare_curves(work: Path) -> dict:
+    a, b = (json.loads((work / "drafts" / f"{x}-curve.json").read_text()) for x in ("real", "real_export"))
+    worst = 0.0
+    for x, y in zip(a, b):
+        for k, v in x.items():
+            if k != "step" and isinstance(v, float) and isinstance(y.get(k), float):
+                worst = max(worst, abs(v - y[k]) / max(abs(y[k]), 1e-9))
+    return {"points": min(len(a), len(b)), "same_steps": [x["step"] for x in a] == [y["step"] for y in b],
+            "max_relative_difference": worst}  # fmt: skip
+
+
+# --- step 5: serving ------------------------------------------------------------------------------
+
+
+def serve(work: Path) -> dict:
+    """Every server starts at once (tiny models share the GPU); acceptance is measured on all drafts
+    in parallel (it does not depend on the GPU's load), then decode speed on the target alone and on
+    the real draft, each with the GPU to itself (every other server stopped)."""
+    prompts = eval_prompts(work)
+    stop = [json.loads((work / "target" / "config.json").read_text())["eos_token_id"]]
+    target = server(work, "serve-target", work / "target", 32000)
+    drafts = {
+        arm: server(work, f"serve-{arm}", work / "target", 32010 + i, [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(work / "serve" / arm), *SPEC])
+        for i, arm in enumerate(ARMS)
+    }  # fmt: skip
+    info = {"prompts": len(prompts), "flags": SERVE + SPEC, "acceptance": {}, "speed": {}}
+    with Servers(target, *drafts.values()):
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(len(drafts)) as pool:
+            futs = {arm: pool.submit(decode_figures, s, prompts, stop, 16) for arm, s in drafts.items()}
+            info["acceptance"] = {arm: f.result() for arm, f in futs.items()}
+        for arm, s in drafts.items():
+            if arm != "real":
+                s.stop(grace_s=5)
+        for name, s in (("target_alone", target), ("real_draft", drafts["real"])):
+            info["speed"][name] = {
+                f"batch_{b}": decode_figures(s, prompts[: 16 if b == 1 else None], stop, b) for b in (1, 16)
+            }
+            if name == "target_alone":
+                target.stop(grace_s=5)
+    for b in ("batch_1", "batch_16"):
+        t, d = info["speed"]["target_alone"][b], info["speed"]["real_draft"][b]
+        d["speedup"] = round(d["tokens_per_s"] / t["tokens_per_s"], 3)
+        d["same_outputs_as_target"] = d["outputs_sha1"] == t["outputs_sha1"]
+    return info
+
+
+def goals(res: dict) -> dict:
+    acc = {arm: f.get("accept_length", 0.0) for arm, f in res["serve"]["acceptance"].items()}
+    real = acc["real"]
+    return {
+        "accept_length_real_ge_2.5": real >= 2.5,
+        "permuted_le_0.8x_real": acc["permuted"] <= 0.8 * real,
+        "wrong_norm_le_0.8x_real": acc["wrong_norm"] <= 0.8 * real,
+        "accept_length": acc,
+        "relative_to_real": {arm: round(a / real, 3) if real else None for arm, a in acc.items()},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("step", choices=["all", "target", "data", "extract", "train", "serve", "_sftrain"])
+    ap.add_argument("rest", nargs="*")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/draft"))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--target-seconds", type=float, default=150)
+    ap.add_argument("--train-conversations", type=int, default=3000)
+    ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=4)
+    a = ap.parse_args(argv)
+    if a.step == "_sftrain":
+        return sf_train(*a.rest)
+    a.work.mkdir(parents=True, exist_ok=True)
+    res_path = a.work / "results.json"
+    res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    steps = {
+        "target": lambda: train_target(a.work, a.target_seconds),
+        "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts),
+        "extract": lambda: extract(a.work),
+        "train": lambda: train_drafts(a.work, a.epochs),
+        "serve": lambda: serve(a.work),
+    }
+    for name, step in steps.items():
+        if a.step in ("all", name) and (name not in res or a.step == name):
+            t0 = time.monotonic()
+            res[name] = step()
+            res[name]["step_seconds"] = round(time.monotonic() - t0, 1)
+            res_path.write_text(json.dumps(res, indent=1))
+    if "serve" in res:
+        res["goals"] = goals(res)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
