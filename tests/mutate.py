@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "reader_trusts_the_index_line": (
+        "recipe/shards/reader.py",
+        "if field in line and meta.get(field) != line[field]:",
+        "if False:",
+        ["tests/test_integrity.py::test_a_reader_refuses_an_index_line_that_points_at_another_samples_record"],
+    ),
+    "readers_serve_duplicate_lines": (
+        "recipe/shards/reader.py",
+        "if refuse_duplicates and len(self.by_id) != len(self.records):",
+        "if False:",
+        ["tests/test_integrity.py::test_readers_and_exports_refuse_an_index_that_lists_a_sample_twice"],
+    ),
     "specforge_direct_order_numeric": (
         "recipe/shards/trainers.py",
         "order = sorted(range(len(self.dataset(root))), key=specforge_file)",

@@ -202,6 +202,46 @@ def test_a_sample_id_is_stored_at_most_once(tmp_path):
     store.close()
 
 
+def test_readers_and_exports_refuse_an_index_that_lists_a_sample_twice(tmp_path):
+    """Two index files joined with cat: every read path refuses, naming the sample, rather than
+    serving it twice; verify still lists every problem."""
+    from recipe.shards.codec import CorruptRecord
+    from recipe.shards.export import export
+    from recipe.shards.trainers import SpecForgeDataset, SpeculatorsDataset
+
+    run(cfg(tmp_path, limit=3))
+    out = tmp_path / "out"
+    lines = (out / "index.jsonl").read_bytes().splitlines(keepends=True)
+    (out / "index.jsonl").write_bytes(b"".join(lines) + lines[1])
+    dup = json.loads(lines[1])["id"]
+    readers = [ShardReader, HiddenStatesDataset, SpecForgeDataset, SpeculatorsDataset]
+    for read in [*readers, lambda o: export("specforge", o, tmp_path / "sf")]:
+        with pytest.raises(CorruptRecord, match=f"duplicate id {dup}"):
+            read(out)
+    assert not (tmp_path / "sf").exists()
+    assert f"duplicate id {dup} in index" in verify(out)
+
+
+def test_a_reader_refuses_an_index_line_that_points_at_another_samples_record(tmp_path):
+    """An index line whose place (shard, offset, length, crc) is another sample's: the checksum
+    holds, so only the record's own id tells; get() and verify name the sample."""
+    from recipe.shards.codec import CorruptRecord
+
+    run(cfg(tmp_path, limit=3))
+    out = tmp_path / "out"
+    a, b, c = (json.loads(x) for x in (out / "index.jsonl").read_text().splitlines())
+    place = ("shard", "offset", "length", "crc32")
+    a.update({k: b[k] for k in place})
+    (out / "index.jsonl").write_text("".join(json.dumps(x) + "\n" for x in (a, b, c)))
+    r = ShardReader(out)
+    with pytest.raises(
+        CorruptRecord, match=f"sample {a['id']} .*the index line says id {a['id']}, the record holds {b['id']}"
+    ):
+        r.get(a["id"])
+    assert r.get(c["id"])["input_ids"].shape[0] == c["tokens"]
+    assert any(p.startswith(f"sample {a['id']}") and "the index line says id" in p for p in verify(out))
+
+
 def test_merge_keeps_each_sample_id_once(tmp_path):
     from recipe.shards.merge import merge
 

@@ -19,7 +19,7 @@ import numpy as np
 import zstandard
 
 from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
-from .reader import ShardReader
+from .reader import ShardReader, check_record
 from .store import SHARD_DIR
 
 
@@ -51,7 +51,7 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     """All problems found (empty = good). Names the sample and shard of each."""
     problems = []
     try:
-        r = ShardReader(root)
+        r = ShardReader(root, refuse_duplicates=False)  # reported below, with the rest
     except (FileNotFoundError, ValueError) as e:
         return [str(e)]
     m = r.manifest
@@ -76,13 +76,12 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
             continue
         try:
             meta, arrs = decode(r.read_frame(rec), rec["crc32"], recycler)
+            check_record(rec, meta, arrs)
         except (CorruptRecord, OSError) as e:
             problems.append(f"{where}: {e}")
             continue
         h = arrs.get("hidden")
-        if meta.get("id") != rec["id"]:
-            problems.append(f"{where}: frame holds sample {meta.get('id')}")
-        elif h is None or h.shape != (rec["tokens"], slots, hidden):
+        if h is None or h.shape != (rec["tokens"], slots, hidden):
             problems.append(
                 f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}"
             )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +27,31 @@ def to_torch(arr: np.ndarray, dtype: str):
     return torch.from_numpy(arr)
 
 
+def check_record(line: dict, meta: dict, arrs: dict) -> None:
+    """A record is the one its index line names: its own id, key and token count (a checksum only
+    says the bytes are intact, not that the line points at the right record)."""
+    for field in ("id", "key"):
+        if field in line and meta.get(field) != line[field]:
+            raise CorruptRecord(f"the index line says {field} {line[field]}, the record holds {meta.get(field)}")
+    if "tokens" in line and len(arrs["input_ids"]) != line["tokens"]:
+        raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {len(arrs['input_ids'])}")
+
+
 class ShardReader:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, refuse_duplicates: bool = True):
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         if self.manifest is None:
             raise FileNotFoundError(f"{self.root} has no manifest.json: not a finished shard directory")
         self.records = read_index(self.root)
         self.by_id = {r["id"]: r for r in self.records}
+        if refuse_duplicates and len(self.by_id) != len(self.records):
+            dup = [i for i, n in Counter(r["id"] for r in self.records).items() if n > 1]
+            raise CorruptRecord(
+                f"{self.root / 'index.jsonl'}: duplicate id {dup[0]} ({len(dup)} sample(s) listed more than "
+                f"once), which would be served twice; `python -m recipe.shards verify {self.root}` names "
+                "every problem"
+            )
         self._maps: dict[str, mmap.mmap] = {}
         self._pid = None
         self._recycler = Recycler()  # decode memory, back once nothing uses it (threads never share it)
@@ -72,7 +90,9 @@ class ShardReader:
     def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
         rec = self.by_id[sample_id]
         try:
-            return decode(self.read_frame(rec), rec["crc32"], self._recycler)
+            meta, arrs = decode(self.read_frame(rec), rec["crc32"], self._recycler)
+            check_record(rec, meta, arrs)
+            return meta, arrs
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None
 
