@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError
+
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).parent / "assets"
@@ -42,7 +44,7 @@ class BadRecord(ValueError):
         self.reason = reason
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     pass
 
 

@@ -30,6 +30,7 @@ from .backends import make_backend
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .capture.writer import CaptureWriter
 from .data import Plan, build_plan, sample_key
+from .errors import ModelDirError, OutputDirError, UserError
 from .packer import Packer, Progress
 from .provenance import backend_provenance, capture_spec, identity, model_fingerprint, tokenizer_provenance, versions
 from .shards.codec import Codec
@@ -42,25 +43,6 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 class RunFailed(SystemExit):
     pass
-
-
-def user_errors() -> tuple:
-    """Failures that are the user's to fix: shown as their one-line message, not a traceback."""
-    from .backends.sglang import ServerError
-    from .data import DataError
-    from .preflight import PreflightError
-    from .shards.store import OutputLocked, ProvenanceMismatch
-
-    return (
-        schema.ConfigError,
-        ProvenanceMismatch,
-        OutputLocked,
-        DataError,
-        PreflightError,
-        ServerError,
-        FileNotFoundError,
-        ValueError,
-    )
 
 
 @dataclass
@@ -121,7 +103,7 @@ def plan(cfg) -> Job:
             "set model.trust_remote_code=true after reading its *.py files"
         ) from None
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{model_dir} has no chat template: the loss mask needs one")
+        raise ModelDirError(f"{model_dir} has no chat template: the loss mask needs one")
     t0 = time.monotonic()
     the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s)
     log.info("read and tokenized %d records in %.1f s", the_plan.input, time.monotonic() - t0)
@@ -184,10 +166,10 @@ def log_folders(cfg) -> None:
 def check_output_dir(out: Path) -> None:
     """Fail now, not after tokenizing a terabyte's worth of prompts."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"output_dir={out} is a file, not a directory")
+        raise OutputDirError(f"output_dir={out} is a file, not a directory")
     parent = out if out.exists() else next(p for p in out.parents if p.exists())
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"output_dir={out}: {parent} is not writable")
+        raise OutputDirError(f"output_dir={out}: {parent} is not writable")
 
 
 def read_model_shape(cfg, model_dir: Path) -> None:
@@ -263,7 +245,7 @@ def dump_folder(cfg):
     if cfg.backend.name == "sglang" and not cfg.server.launch:
         dump_dir = Path(cfg.capture.dump_dir)
         if not dump_dir.is_dir():
-            raise FileNotFoundError(f"server.launch=false but capture.dump_dir={dump_dir} does not exist")
+            raise OutputDirError(f"server.launch=false but capture.dump_dir={dump_dir} does not exist")
         return contextlib.nullcontext(dump_dir)
     return owned_dump_dir(cfg.capture.dump_dir)
 
@@ -407,7 +389,7 @@ def main(cfg: DictConfig) -> None:
     quiet_third_party()
     try:
         run(cfg)
-    except user_errors() as e:  # one line with the fix; HYDRA_FULL_ERROR=1 keeps the traceback
+    except UserError as e:  # one line with the fix (bugs keep their traceback); HYDRA_FULL_ERROR=1 keeps it too
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         log.error("%s", e)

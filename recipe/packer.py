@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .capture import records
+from .errors import UserError
 from .procs import die_with_parent
 from .shards.codec import Codec, RecordWriter, crc32
 
@@ -404,12 +405,17 @@ class Packer:
         t0 = time.monotonic()
         while self.outstanding():
             if self.error:
-                raise RuntimeError("packer failed") from self.error
+                self._raise_error()
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"packer still has {self.outstanding()} samples after {timeout_s}s")
             time.sleep(self.poll_s)
         if self.error:
-            raise RuntimeError("packer failed") from self.error
+            self._raise_error()
+
+    def _raise_error(self):
+        if isinstance(self.error, UserError):  # the user's to fix: as it was raised, one line
+            raise self.error
+        raise RuntimeError("packer failed") from self.error
 
     def stop(self) -> None:
         self._stop.set()
@@ -443,6 +449,8 @@ class Packer:
                 if not self._collect():
                     time.sleep(self.poll_s)
             self._maybe_commit(force=True)
+        except UserError as e:  # a damaged or foreign output folder: the user's, one line (drain raises it)
+            self.error = e
         except BaseException as e:  # surfaced by drain(); never a silent hole
             log.exception("packer thread died")
             self.error = e

@@ -18,13 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+from .errors import UserError
+
 REPO = Path(__file__).resolve().parent.parent
 PATCH_ROOT = REPO / "patches" / "sglang"
 STATUS_FILE = ".hs_recipe_patch.json"
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-class PatchError(RuntimeError):
+class PatchError(UserError, RuntimeError):
     pass
 
 

@@ -6,6 +6,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from .errors import UserError
+
 log = logging.getLogger(__name__)
 # The disk check assumes a conservative ratio; the lossless ratio measured on real activations is
 # 1.448x (bench/codec.py, docs/benchmarks.md): the log shows both.
@@ -13,7 +15,7 @@ EXPECTED_RATIO = 1.2
 MEASURED_RATIO = 1.448
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     pass
 
 

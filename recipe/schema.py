@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .errors import UserError
+
 CONVENTION = (
     "residual_in: slot for layer i is the residual stream entering decoder layer i "
     "(= HF output_hidden_states[i], 0 = embeddings); the final slot is the last hidden state "
@@ -132,7 +134,7 @@ class Config:
     dry_run: bool = False  # plan + preflight only
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from . import schema
 from .backends.sglang import Server, hydra_run_dir, server_argv, server_env
 from .capture.dumpdir import dump_dir
+from .errors import UserError
 from .main import CONF_DIR
 from .tiny import resolve_model_path
 
@@ -42,7 +43,11 @@ def serve(cfg: DictConfig, run_dir: Path | None = None) -> int:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    sys.exit(serve(cfg))
+    try:
+        sys.exit(serve(cfg))
+    except UserError as e:  # one line with the fix; bugs keep their traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .errors import ModelDirError
+
 # A byte-level tokenizer: every UTF-8 byte is a token, plus the chat markers of two template
 # families. Tiny, needs no training, and tokenizes any text.
 SPECIALS = [
@@ -145,7 +147,7 @@ def make_model(name: str, seed: int = 0):
 def materialize(name: str, dest: Path | None = None, template: str = "chatml") -> Path:
     """Build model + tokenizer into dest (default: the cache) once; atomic, so a crash leaves nothing."""
     if name not in SPECS:
-        raise ValueError(f"unknown built-in model {name!r}; have {sorted(SPECS)}")
+        raise ModelDirError(f"unknown built-in model {name!r}; have {sorted(SPECS)}")
     dest = Path(dest) if dest else cache_dir() / f"{name}-v3"  # v2: norm weights != 1; v3: per-expert names
     if (dest / "config.json").exists():
         return dest
@@ -174,7 +176,7 @@ def resolve_model_path(path: str) -> Path:
         return materialize(path.split(":", 1)[1])
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
-        raise FileNotFoundError(
+        raise ModelDirError(
             f"model.path={path!r} is not a local model directory (no config.json); "
             "the recipe never downloads weights: mount them and point model.path there"
         )

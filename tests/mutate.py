@@ -21,9 +21,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "dump_folder_readable_by_all": (
+        "recipe/capture/dumpdir.py",
+        ("root.mkdir(mode=0o700, exist_ok=True)", "if st.st_mode & 0o077:", "tmp.mkdir(mode=0o700)"),
+        ("root.mkdir(exist_ok=True)", "if False:", "tmp.mkdir()"),
+        ["tests/test_integrity.py::test_dump_folders_are_private_and_a_root_run_never_locks_a_user_out"],
+    ),
+    "damaged_next_trusted": (
+        "recipe/shards/store.py",
+        "read_owned(nxt, int, fix) if nxt.exists() else 0",
+        "int(nxt.read_text()) if nxt.exists() else 0",
+        ["tests/test_integrity.py::test_a_damaged_file_the_recipe_owns_is_one_line_naming_the_file_and_the_fix"],
+    ),
     "reader_trusts_the_index_line": (
         "recipe/shards/reader.py",
-        "if field in line and meta.get(field) != line[field]:",
+        'if meta.get("id") != line["id"]:',
         "if False:",
         ["tests/test_integrity.py::test_a_reader_refuses_an_index_line_that_points_at_another_samples_record"],
     ),

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import small_run_cfg as cfg
@@ -242,6 +243,28 @@ def test_a_reader_refuses_an_index_line_that_points_at_another_samples_record(tm
     assert any(p.startswith(f"sample {a['id']}") and "the index line says id" in p for p in verify(out))
 
 
+@pytest.mark.parametrize("name", ["shards/NEXT", "identity.json", "manifest.json"])
+def test_a_damaged_file_the_recipe_owns_is_one_line_naming_the_file_and_the_fix(tmp_path, name):
+    """Garbage in a small file of the set: the resume (and verify, for identity.json) say which file
+    and what to do, as a user error, not a dead packer thread or a bare JSON error."""
+    from recipe.errors import CorruptFile
+
+    run(cfg(tmp_path, limit=3))
+    out = tmp_path / "out"
+    (out / name).write_text("garbage{")
+    said = f"{out / name} is damaged .*; "
+    if name == "manifest.json":  # readers refuse it; the resume rewrites it from the index
+        with pytest.raises(CorruptFile, match=said):
+            ShardReader(out)
+        assert run(cfg(tmp_path, limit=3))["ok"] == 3
+        assert len(ShardReader(out)) == 3
+        return
+    with pytest.raises(CorruptFile, match=said):
+        run(cfg(tmp_path, "shards.max_shard_gb=0.00001", limit=5))  # a new shard file: NEXT is read
+    if name == "identity.json":
+        assert any(f"{out / name} is damaged" in p for p in verify(out))
+
+
 def test_merge_keeps_each_sample_id_once(tmp_path):
     from recipe.shards.merge import merge
 
@@ -307,7 +330,7 @@ def test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder(tm
     from test_sglang_backend import free_port
 
     a = recipe_cli(tmp_path, *sglang_args(free_port(), 16), env={"FAKE_SGLANG_MODE": "slow"}, wait=False)
-    wait_for(lambda: list((tmp_path / "shm").glob("run-*")), what="A's dump folder")
+    wait_for(lambda: list((tmp_path / "shm").glob("user-*/run-*")), what="A's dump folder")
     b = in_new_pid_namespace(tmp_path, "b", "data.limit=8")
     out_b, _ = b.communicate(timeout=300)
     out_a, _ = a.communicate(timeout=300)
@@ -321,16 +344,16 @@ def test_runs_in_separate_pid_namespaces_never_remove_each_others_dump_folder(tm
 @needs_unshare
 def test_a_killed_pid_1_runs_folder_is_removed_by_the_next_run(tmp_path):
     p = in_new_pid_namespace(tmp_path, "a", "data.limit=40", "backend.batch_size=1")
-    wait_for(lambda: list((tmp_path / "shm").glob("run-*")), what="the dump folder")
+    wait_for(lambda: list((tmp_path / "shm").glob("user-*/run-*")), what="the dump folder")
     pid1 = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
     os.kill(pid1, signal.SIGKILL)  # the container's PID 1, killed past its stop grace period
     p.wait()
-    stale = list((tmp_path / "shm").glob("run-*"))
+    stale = list((tmp_path / "shm").glob("user-*/run-*"))
     assert len(stale) == 1
     q = in_new_pid_namespace(tmp_path, "a", "data.limit=40")  # the next container: PID 1 as well
     out, _ = q.communicate(timeout=300)
     assert q.returncode == 0, out[-3000:]
-    assert not list((tmp_path / "shm").glob("run-*")), "the killed run's folder must be gone"
+    assert not list((tmp_path / "shm").glob("user-*/run-*")), "the killed run's folder must be gone"
     exactly_once(tmp_path / "a", 40)
 
 
@@ -417,3 +440,57 @@ def test_the_resume_message_prints_the_exact_command(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["/x/recipe/__main__.py", "capture.layers=[1,2]", "data.limit=9"])
     cmd = resume_command(SimpleNamespace(output_dir="/data/out 1"))
     assert cmd == "python -m recipe 'capture.layers=[1,2]' data.limit=9 'output_dir=/data/out 1'"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_dump_folders_are_private_and_a_root_run_never_locks_a_user_out():
+    """The RAM disk is shared by every local user: a run's hidden states live under
+    <dump_dir>/user-<uid> (0700); the parent a root run makes is sticky and world-writable like /tmp,
+    so another user's later run makes its own folder there and cannot read root's."""
+    import tempfile
+
+    from recipe.capture.dumpdir import dump_dir
+
+    base = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    try:
+        base.chmod(0o755)
+        shm = base / "hs-recipe"
+        with dump_dir(shm) as mine:
+            (mine / "states.bin").write_bytes(b"private")
+            assert (shm.stat().st_mode & 0o7777) == 0o1777
+            assert (mine.parent.stat().st_mode & 0o777) == 0o700 and mine.parent.name == "user-0"
+            assert (mine.stat().st_mode & 0o777) == 0o700
+            assert as_user(65534, lambda: second_users_run(shm, mine)) == ["user-65534", "0o700", "DENIED"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def second_users_run(shm, other):
+    from recipe.capture.dumpdir import dump_dir
+
+    with dump_dir(shm) as d:
+        seen = [d.parent.name, oct(d.parent.stat().st_mode & 0o777)]
+    try:
+        os.listdir(other)
+        return [*seen, "READ"]
+    except PermissionError:
+        return [*seen, "DENIED"]
+
+
+def as_user(uid, fn):
+    """fn() in a forked child running as uid (no exec: the venv may not be readable by that user)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(w, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(out)

@@ -16,7 +16,7 @@ def test_embedded_default_then_verify(tmp_path):
     assert v.returncode == 0, v.stdout
     m = json.loads((out / "manifest.json").read_text())
     assert m["totals"]["samples"] == 40 and m["counts"]["ok"] == 40
-    assert not list((tmp_path / "shm").glob("run-*"))  # the RAM-disk folder is removed
+    assert not list((tmp_path / "shm").glob("user-*/run-*"))  # the RAM-disk folder is removed
 
 
 def test_bad_input_is_accounted_and_the_run_goes_on(tmp_path):

@@ -62,7 +62,7 @@ def exactly_once(out, ids):
 def wait_for_work(tmp, p, timeout=120):
     """Until the run has planned and opened its dump folder (imports and model load are done)."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout and p.poll() is None and not list((tmp / "shm").glob("run-*")):
+    while time.monotonic() - t0 < timeout and p.poll() is None and not list((tmp / "shm").glob("user-*/run-*")):
         time.sleep(0.02)
     return time.monotonic() - t0
 

@@ -36,6 +36,16 @@ def test_flags_from_yaml():
     ) == ["--tp-size", "8", "--disable-radix-cache", "--json-model-override-args", '{"a": 1}']
 
 
+def test_the_server_runs_a_model_folders_code_only_where_the_tokenizer_may():
+    """One setting, model.trust_remote_code, for the tokenizer and the server: false by default,
+    true for Kimi-K2.5 (its tokenizer is a class in the model folder), or the user's."""
+    plain = compose(["backend=sglang", "output_dir=/o"])
+    assert "--trust-remote-code" not in server_argv(plain.server, ROOT)
+    assert "--trust-remote-code" in server_argv(compose(["experiment=kimi-k2.5", "output_dir=/o"]).server, ROOT)
+    mine = compose(["backend=sglang", "output_dir=/o", "model.trust_remote_code=true"])
+    assert "--trust-remote-code" in server_argv(mine.server, ROOT)
+
+
 def test_server_argv_and_env(tmp_path):
     cfg = compose(["experiment=kimi-k2.5", "output_dir=/o"])
     argv = server_argv(cfg.server, tmp_path)
@@ -137,7 +147,7 @@ def test_end_to_end_with_chunked_prefill(tmp_path, tiny_model_dir):
         )
     log = (tmp_path / "out" / "logs" / "server.log").read_text()
     assert "--cuda-graph-backend-prefill" in log and "--disable-radix-cache" in log
-    assert not list((tmp_path / "shm").glob("run-*"))
+    assert not list((tmp_path / "shm").glob("user-*/run-*"))
 
 
 def test_unchunked_rows_are_bit_exact(tmp_path, tiny_model_dir):

@@ -23,7 +23,9 @@ import httpx
 from omegaconf import OmegaConf
 
 from ..capture import records, sglang_hook
+from ..errors import UserError
 from ..procs import die_with_parent
+from ..schema import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ FORCED = {
 }
 
 
-class ServerError(RuntimeError):
+class ServerError(UserError, RuntimeError):
     pass
 
 
@@ -65,16 +67,16 @@ def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
     forced_flags = {"--" + k.replace("_", "-") for k in FORCED} | {"--cuda-graph-config", "--enable-cuda-graph"}
     bad += [f"extra_args sets {a}" for a in extra if a.split("=")[0] in forced_flags]
     if bad and not allow_unsafe:
-        raise ValueError(
+        raise ConfigError(
             "server flags the hidden-state dump depends on were changed: "
             + "; ".join(bad)
             + ". CUDA graphs skip the Python hook (silent holes) and the radix cache skips cached "
             "tokens. Only the silent-failure test sets server.allow_unsafe_flags=true."
         )
     if int(args.get("pp_size") or 1) > 1:
-        raise ValueError("server.args.pp_size > 1 is not supported by the dump hook")
+        raise ConfigError("server.args.pp_size > 1 is not supported by the dump hook")
     if args.get("enable_dp_attention") and int(args.get("nnodes") or 1) > 1:
-        raise ValueError(
+        raise ConfigError(
             "server.args.enable_dp_attention over several nodes is not supported by the dump hook: the DP "
             "groups on the other nodes would write into their own /dev/shm, which the packer never reads"
         )

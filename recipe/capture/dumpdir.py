@@ -5,6 +5,11 @@ Runs share /dev/shm across containers (`ipc: host`) and PID namespaces, where a 
 it died, so a folder whose lock can be taken belongs to no live run and is removed; one whose lock
 is held is never touched. The folder is created under a temporary name with the lock already held,
 then renamed, so no other run ever sees it unlocked.
+
+The folders are private: each user's runs live under `<dump_dir>/user-<uid>` (0700), since they hold
+the hidden states of whatever data a run extracts. The shared parent, when the recipe creates it, is
+world-writable and sticky like /tmp, so a root run (a container with `ipc: host`) never locks a later
+user out of it. Only this user's own folder is ever scanned for abandoned runs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import shutil
 import socket
 import time
 from pathlib import Path
+
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 OWNER = ".owner"
@@ -48,16 +55,45 @@ def remove_abandoned(root: Path) -> list[Path]:
     return removed
 
 
+class DumpDirError(UserError, RuntimeError):
+    pass
+
+
+def user_root(parent: str | Path) -> Path:
+    """`parent`/user-<uid>, private to this user (created if needed)."""
+    parent = Path(parent)
+    if not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(PermissionError):  # another user made it meanwhile
+            os.chmod(parent, 0o1777)
+    root = parent / f"user-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+    except PermissionError:
+        raise DumpDirError(
+            f"capture.dump_dir={parent}: this user cannot create a folder there (owned by uid "
+            f"{parent.stat().st_uid}, mode {parent.stat().st_mode & 0o7777:o}); `chmod 1777 {parent}` "
+            "as its owner, or set capture.dump_dir to a folder of yours on the RAM disk"
+        ) from None
+    st = root.stat()
+    if st.st_uid != os.getuid():
+        raise DumpDirError(
+            f"{root} belongs to uid {st.st_uid}, not to this user: remove it or pick another capture.dump_dir"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(root, 0o700)
+    return root
+
+
 @contextlib.contextmanager
 def dump_dir(parent: str | Path):
-    """A fresh folder for this run, locked while the block runs, removed after it."""
-    root = Path(parent)
-    root.mkdir(parents=True, exist_ok=True)
+    """A fresh folder for this run, private to its user, locked while the block runs, removed after it."""
+    root = user_root(parent)
     remove_abandoned(root)
     name = f"run-{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
     tmp = root / f".new-{name}"
-    tmp.mkdir()
-    fd = os.open(tmp / OWNER, os.O_RDWR | os.O_CREAT, 0o644)
+    tmp.mkdir(mode=0o700)
+    fd = os.open(tmp / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     d = root / name
     os.rename(tmp, d)

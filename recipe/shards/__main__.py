@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from ..errors import CorruptFile, NotAShardSet, UserError
 from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
 from .reader import ShardReader, check_record
-from .store import SHARD_DIR
+from .store import SHARD_DIR, read_identity
 
 
 def inspect(root: Path) -> dict:
@@ -55,6 +56,10 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     except (FileNotFoundError, ValueError) as e:
         return [str(e)]
     m = r.manifest
+    try:
+        read_identity(root)
+    except CorruptFile as e:
+        problems.append(str(e))
     slots, hidden = len(m["capture"]["slots"]), m["model"]["hidden_size"]
     for kind in ("id", "key"):
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
@@ -174,6 +179,14 @@ def rebuild_index(root: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    try:
+        return command(argv)
+    except UserError as e:  # the user's to fix: one line; anything else is a bug and keeps its traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def command(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m recipe.shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -199,6 +212,10 @@ def main(argv=None) -> int:
     mg.add_argument("out", type=Path)
     mg.add_argument("inputs", type=Path, nargs="+")
     a = p.parse_args(argv)
+    if a.cmd != "merge" and not a.dir.is_dir():
+        raise NotAShardSet(f"{a.dir} is not a folder")
+    if a.cmd == "rebuild-index" and not (a.dir / SHARD_DIR).is_dir():
+        raise NotAShardSet(f"{a.dir} has no {SHARD_DIR}/ folder: not a shard set")
     if a.cmd == "inspect":
         print(json.dumps(inspect(a.dir), indent=2))
         return 0

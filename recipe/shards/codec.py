@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard as zstd
 
+from ..errors import UserError
+
 try:  # the same CRC-32 as zlib's, SIMD: 7.3 GB/s against 1.9 on one core (it checksums every stored byte)
     from zlib_ng.zlib_ng import crc32
 except ImportError:  # pragma: no cover - zlib-ng is a dependency; plain zlib gives equal values
@@ -53,7 +55,7 @@ DTYPES = {
 }
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(UserError, ValueError):
     """A stored sample fails its checksum or cannot be decoded."""
 
 

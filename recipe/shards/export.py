@@ -29,13 +29,14 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from .reader import ShardReader
 
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
 FINAL_NORM_MODES = ("pre-norm-equivalent", "refuse", "keep-post-norm")
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     pass
 
 

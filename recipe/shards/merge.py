@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import UserError
 from .store import (
     IDENTITY,
     INDEX,
@@ -41,7 +42,7 @@ def sample_identity(d: Path, manifest: dict) -> dict:
     }
 
 
-class MergeError(ValueError):
+class MergeError(UserError, ValueError):
     pass
 
 

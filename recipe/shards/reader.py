@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import NotAShardSet
 from .codec import CorruptRecord, Recycler, decode
 from .store import SHARD_DIR, read_index, read_manifest
 
@@ -30,9 +31,10 @@ def to_torch(arr: np.ndarray, dtype: str):
 def check_record(line: dict, meta: dict, arrs: dict) -> None:
     """A record is the one its index line names: its own id, key and token count (a checksum only
     says the bytes are intact, not that the line points at the right record)."""
-    for field in ("id", "key"):
-        if field in line and meta.get(field) != line[field]:
-            raise CorruptRecord(f"the index line says {field} {line[field]}, the record holds {meta.get(field)}")
+    if meta.get("id") != line["id"]:
+        raise CorruptRecord(f"the index line says id {line['id']}, the record holds {meta.get('id')}")
+    if "key" in meta and "key" in line and meta["key"] != line["key"]:
+        raise CorruptRecord(f"the index line says key {line['key']}, the record holds {meta['key']}")
     if "tokens" in line and len(arrs["input_ids"]) != line["tokens"]:
         raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {len(arrs['input_ids'])}")
 
@@ -42,7 +44,10 @@ class ShardReader:
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         if self.manifest is None:
-            raise FileNotFoundError(f"{self.root} has no manifest.json: not a finished shard directory")
+            raise NotAShardSet(
+                f"{self.root} has no manifest.json: not a finished shard directory"
+                + ("" if self.root.is_dir() else " (it does not exist)")
+            )
         self.records = read_index(self.root)
         self.by_id = {r["id"]: r for r in self.records}
         if refuse_duplicates and len(self.by_id) != len(self.records):

@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from ..errors import CorruptFile, UserError
 from .codec import crc32
 
 INDEX = "index.jsonl"
@@ -32,7 +33,7 @@ SHARD_DIR = "shards"
 PROVENANCE_KEYS = ("format", "model_fingerprint", "capture")
 
 
-class ProvenanceMismatch(RuntimeError):
+class ProvenanceMismatch(UserError, RuntimeError):
     pass
 
 
@@ -52,7 +53,7 @@ def shard_number(name: str) -> int:
     return int(name.split("-")[-1].split(".")[0])
 
 
-class OutputLocked(RuntimeError):
+class OutputLocked(UserError, RuntimeError):
     pass
 
 
@@ -88,7 +89,10 @@ def read_index(root: Path, repair: bool = False) -> list[dict]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                raise ValueError(f"{path}: line {n} is not JSON; the index is corrupt") from None
+                raise CorruptFile(
+                    f"{path}: line {n} is not JSON; the index is corrupt (`python -m recipe.shards rebuild-index "
+                    f"{root}` rebuilds it from the shards)"
+                ) from None
     if repair and cut != len(raw):
         with open(path, "r+b") as f:
             f.truncate(cut)
@@ -114,9 +118,24 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
+def read_owned(path: Path, parse, fix: str):
+    """A small file the recipe owns, parsed; damage is one line naming the file and the fix."""
+    try:
+        return parse(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptFile(f"{path} is damaged ({type(e).__name__}: {str(e)[:80]}); {fix}") from None
+
+
 def read_manifest(root: Path) -> dict | None:
     p = Path(root) / MANIFEST
-    return json.loads(p.read_text()) if p.exists() else None
+    fix = "the same command run again rewrites it from the index"
+    return read_owned(p, json.loads, fix) if p.exists() else None
+
+
+def read_identity(root: Path) -> dict | None:
+    p = Path(root) / IDENTITY
+    fix = "it records the configuration the set was made with: restore it from a copy, or use another output_dir"
+    return read_owned(p, json.loads, fix) if p.exists() else None
 
 
 class ShardStore:
@@ -151,10 +170,8 @@ class ShardStore:
 
     # -- identity and resume --------------------------------------------------------------
     def _check_identity(self, identity: dict) -> None:
-        path = self.root / IDENTITY
-        if path.exists():
-            old = json.loads(path.read_text())
-        else:  # a set from before identity.json: its manifest holds the keys that mattered then
+        old = read_identity(self.root)
+        if old is None:  # a set from before identity.json: its manifest holds the keys that mattered then
             manifest = read_manifest(self.root)
             if manifest is None and read_index(self.root):
                 raise ProvenanceMismatch(
@@ -165,7 +182,7 @@ class ShardStore:
             identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
             if old is not None and old != identity_to_check:
                 raise ProvenanceMismatch(self._mismatch(identity_diff(old, identity_to_check)))
-            atomic_write(path, (json.dumps(identity, indent=2) + "\n").encode())
+            atomic_write(self.root / IDENTITY, (json.dumps(identity, indent=2) + "\n").encode())
             return
         diff = identity_diff(old, identity)
         if diff:
@@ -211,7 +228,8 @@ class ShardStore:
         written before the file is made): a name is never reused, even after a shard was deleted."""
         names = self._shard_names()
         nxt = self.root / SHARD_DIR / "NEXT"
-        n = max(shard_number(names[-1]) + 1 if names else 0, int(nxt.read_text()) if nxt.exists() else 0)
+        fix = "it holds the next shard number only: delete it and the next run writes it again"
+        n = max(shard_number(names[-1]) + 1 if names else 0, read_owned(nxt, int, fix) if nxt.exists() else 0)
         atomic_write(nxt, f"{n + 1}\n".encode())
         return self.root / SHARD_DIR / f"shard-{n:05d}.bin"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .export import final_norm_weight, model_dir_of, specforge_file, specforge_raw, speculators_raw
+from .export import ExportError, final_norm_weight, model_dir_of, specforge_file, specforge_raw, speculators_raw
 from .reader import ShardReader
 
 
@@ -25,7 +25,7 @@ class _ShardDataset:
         self.reader = ShardReader(root)
         self.n_aux = len(self.reader.manifest["capture"]["layers"])
         if not self.reader.manifest["capture"]["final"]:
-            raise ValueError(f"{root}: captured with capture.final=false; EAGLE-3 trains toward the final state")
+            raise ExportError(f"{root}: captured with capture.final=false; EAGLE-3 trains toward the final state")
 
     def __len__(self) -> int:
         return len(self.reader)

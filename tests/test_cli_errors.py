@@ -1,0 +1,43 @@
+"""Every entry point answers a user's mistake (here: a path that does not exist) with one line that
+names it and a non-zero exit, never a traceback; a bug still shows its traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+MISSING = "/nonexistent/hs-recipe-test"
+ENTRY_POINTS = {
+    "recipe": ["recipe", f"model.path={MISSING}", "output_dir=OUT"],
+    "recipe.serve": ["recipe.serve", "backend=sglang", f"model.path={MISSING}"],
+    "shards inspect": ["recipe.shards", "inspect", MISSING],
+    "shards verify": ["recipe.shards", "verify", MISSING],
+    "shards export": ["recipe.shards", "export", "--to", "specforge", MISSING, "OUT/sf"],
+    "shards rebuild-index": ["recipe.shards", "rebuild-index", MISSING],
+    "shards merge": ["recipe.shards", "merge", "OUT/m", MISSING],
+    "recipe.patch": ["recipe.patch", "check", "--site-packages", MISSING],
+}
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_a_bad_path_is_one_line_naming_it(name, tmp_path):
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in ENTRY_POINTS[name]]
+    r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    said = r.stdout + r.stderr
+    assert r.returncode != 0, said
+    assert "Traceback" not in said, said
+    errors = [line for line in said.splitlines() if MISSING in line]
+    assert errors and len(errors) <= 2, said  # the message (and at most the command echoed in a log line)
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only UserError becomes one line: an internal error is not swallowed into a message."""
+    from recipe.shards import __main__ as cli
+
+    def broken(root):
+        raise ValueError("an internal invariant")
+
+    monkeypatch.setattr(cli, "inspect", broken)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match="an internal invariant"):
+        cli.main(["inspect", str(tmp_path / "d")])
