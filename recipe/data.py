@@ -260,6 +260,7 @@ def tokenize_by_pieces(tokenizer, text: str, spans) -> tuple[np.ndarray, np.ndar
 def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
     plan = Plan()
     seen: set[str] = set()
+    seen_tokens: dict[bytes, str] = {}  # records that differ only in what the template does not render
     t0 = last = time.monotonic()
     index = 0  # position over all records of all sources: decides limit and job split
     for src in data_cfg.sources:
@@ -304,6 +305,9 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
                     raise BadRecord(
                         "no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else "")
                     )
+                same = seen_tokens.setdefault(hashlib.sha256(ids.tobytes()).digest(), sid)
+                if same != sid:
+                    raise BadRecord("duplicate", f"the same tokens as an earlier record (id {same})")
             except BadRecord as e:
                 plan.skip(e.reason, where, str(e))
                 continue
@@ -320,6 +324,9 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
             + (f" for job {data_cfg.shard_index} of {data_cfg.num_shards}" if data_cfg.num_shards > 1 else "")
         )
     invalid = sum(v for k, v in plan.skipped.items() if k not in POLICY_SKIPS)
+    if not plan.samples:  # whatever the input's size: nothing to extract is never a success
+        reasons = ", ".join(f"{r} {n} (e.g. {plan.examples[r][0]})" for r, n in plan.skipped.items())
+        raise DataError(f"no valid record among the {plan.input} input records: {reasons}")
     if invalid > failure_limit(data_cfg.max_failures, plan.input):
         lines = "\n".join(
             f"  {r}: {n}  e.g. {plan.examples[r][0]}" for r, n in plan.skipped.items() if r not in POLICY_SKIPS

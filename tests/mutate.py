@@ -21,6 +21,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "too_long_at_max_length": (
+        "recipe/data.py",
+        "truncated = len(ids) > data_cfg.max_length",
+        "truncated = len(ids) >= data_cfg.max_length",
+        ["tests/test_data.py::test_a_record_of_exactly_max_length_tokens_is_kept_whole"],
+    ),
+    "reasoning_left_out_of_the_id": (
+        "recipe/data.py",
+        """[[m["role"], m["content"]] + ([m["reasoning_content"]] if "reasoning_content" in m else []) for m in messages]""",
+        """[[m["role"], m["content"]] for m in messages]""",
+        ["tests/test_data.py::test_records_that_differ_only_in_reasoning_are_distinct_samples_or_a_counted_duplicate"],
+    ),
+    "same_tokens_not_a_duplicate": (
+        "recipe/data.py",
+        "if same != sid:",
+        "if False:",
+        ["tests/test_data.py::test_records_that_differ_only_in_reasoning_are_distinct_samples_or_a_counted_duplicate"],
+    ),
     "dump_folder_readable_by_all": (
         "recipe/capture/dumpdir.py",
         ("root.mkdir(mode=0o700, exist_ok=True)", "if st.st_mode & 0o077:", "tmp.mkdir(mode=0o700)"),

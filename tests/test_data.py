@@ -144,6 +144,38 @@ def test_empty_input_is_an_error(tmp_path):
         data.build_plan(dcfg(sources=[str(p)]), make_tokenizer())
 
 
+def test_an_input_with_no_valid_record_is_an_error_whatever_its_size(tmp_path):
+    """Fewer invalid records than the max_failures floor still refuse a run that has nothing to do."""
+    p = write_lines(tmp_path / "bad.jsonl", ["{bad", json.dumps([json.loads(good(0))]), '{"messages": null}'])
+    with pytest.raises(data.DataError, match="no valid record among the 3 input records: invalid_json 1"):
+        data.build_plan(dcfg(sources=[str(p)], max_failures=0.01), make_tokenizer())
+
+
+def test_a_record_of_exactly_max_length_tokens_is_kept_whole(tmp_path):
+    p = write_lines(tmp_path / "d.jsonl", [good(0, n=50)])
+    tok = make_tokenizer()
+    n = len(data.build_plan(dcfg(sources=[str(p)]), tok).samples[0].input_ids)
+    kept = data.build_plan(dcfg(sources=[str(p)], max_length=n, overflow="skip"), tok)
+    assert len(kept.samples) == 1 and len(kept.samples[0].input_ids) == n and not kept.samples[0].truncated
+    assert not kept.skipped
+    with pytest.raises(data.DataError, match="too_long 1"):  # one token less: the policy skips it
+        data.build_plan(dcfg(sources=[str(p)], max_length=n - 1, overflow="skip"), tok)
+
+
+def test_records_that_differ_only_in_reasoning_are_distinct_samples_or_a_counted_duplicate(tmp_path):
+    """reasoning_content is part of the sample's identity (a template that renders it trains another
+    target); under one that does not render it, both records give the same tokens: the second is a
+    counted duplicate, never a second sample with the same key (which the store refuses)."""
+    a = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}]}
+    b = json.loads(json.dumps(a))
+    b["messages"][1]["reasoning_content"] = "think first"
+    assert data.sample_id(data.to_messages(a)) != data.sample_id(data.to_messages(b))
+    p = write_lines(tmp_path / "d.jsonl", [json.dumps(a), json.dumps(b), good(1)])
+    plan = data.build_plan(dcfg(sources=[str(p)]), make_tokenizer("chatml"))  # renders no reasoning
+    assert len(plan.samples) == 2 and plan.skipped == {"duplicate": 1}
+    assert "the same tokens as an earlier record" in plan.examples["duplicate"][0]
+
+
 def test_roles_case_insensitive_and_bom(tmp_path):
     rows = [
         {"messages": [{"role": "User", "content": "a"}, {"role": "ASSISTANT", "content": "b"}]},
