@@ -29,8 +29,8 @@ MUTATIONS = {
     ),
     "reasoning_left_out_of_the_id": (
         "recipe/data.py",
-        """[[m["role"], m["content"]] + ([m["reasoning_content"]] if "reasoning_content" in m else []) for m in messages]""",
-        """[[m["role"], m["content"]] for m in messages]""",
+        """+ ([m["reasoning_content"]] if "reasoning_content" in m else [])""",
+        "",
         ["tests/test_data.py::test_records_that_differ_only_in_reasoning_are_distinct_samples_or_a_counted_duplicate"],
     ),
     "same_tokens_not_a_duplicate": (
