@@ -25,7 +25,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import preflight, schema
+from . import preflight, schema, units
 from .backends import make_backend
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .capture.writer import CaptureWriter
@@ -62,6 +62,11 @@ class Captured:
     progress: Progress
     started: float
     interrupted: str | None
+    server_stopping: threading.Thread | None = None  # the server's shutdown, begun once all was sent
+
+    def wait_for_the_server(self) -> None:
+        if self.server_stopping is not None:
+            self.server_stopping.join()  # bounded: SIGKILL after the grace period
 
 
 def run(cfg: DictConfig) -> dict:
@@ -71,7 +76,11 @@ def run(cfg: DictConfig) -> dict:
         with job.store:
             if cfg.dry_run:
                 return {"input": job.plan.input, "planned": len(job.plan.samples), "dry_run": True}
-            return finish(cfg, job, capture(cfg, job))
+            cap = capture(cfg, job)
+            try:
+                return finish(cfg, job, cap)  # every sample durable, the manifest written...
+            finally:
+                cap.wait_for_the_server()  # ...then the server gone, then the exit
     except OSError as e:  # a full disk outside the packer (opening the store, the manifest): nothing is lost
         if e.errno != errno.ENOSPC:
             raise
@@ -198,9 +207,10 @@ def read_model_shape(cfg, model_dir: Path) -> None:
 # -- capture ---------------------------------------------------------------------------------
 def capture(cfg, job: Job) -> Captured:
     """Compute and store every sample still to do. On the way out, in this order: the packer drains
-    (the server's writer may still hold the last passes), the backend closes, the packer stops
+    (the server's writer may still hold the last passes), the backend closes (a server it launched
+    begins its shutdown beside what follows: nothing durable waits on its drain), the packer stops
     (final commit), the dump folder goes. A signal or a full disk ends it early but cleanly."""
-    stop, started, interrupted = threading.Event(), time.time(), None
+    stop, started, interrupted, stopping = threading.Event(), time.time(), None, None
     with graceful_stop(stop), dump_folder(cfg) as dump_dir:
         budget = int(cfg.capture.budget_gb * (1 << 30))
         progress = Progress(len(job.todo), cfg.log_every_s, dump_dir, budget)
@@ -224,6 +234,7 @@ def capture(cfg, job: Job) -> Captured:
                     if stop.is_set():
                         interrupted = "interrupted by a signal"
                     packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
+                stopping = getattr(backend, "stopping", None)  # set by its close(), just now
             except KeyboardInterrupt:
                 interrupted = "interrupted"
             except RuntimeError as e:
@@ -232,11 +243,11 @@ def capture(cfg, job: Job) -> Captured:
                     raise
                 interrupted = (
                     f"output disk full ({full}): free space on the filesystem of {cfg.output_dir} (about "
-                    f"{preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1] / 1e9:.1f}"
-                    " GB for the whole run)"
+                    f"{units.size(preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1])}"
+                    " for the whole run)"
                 )
     progress.maybe_log(force=True)
-    return Captured(packer, progress, started, interrupted)
+    return Captured(packer, progress, started, interrupted, stopping)
 
 
 def dump_folder(cfg):
@@ -359,10 +370,10 @@ def print_summary(out, counts, the_plan, packer, manifest) -> None:
     ]
     if manifest is not None:
         t = manifest["totals"]
-        ratio = t["raw_bytes"] / t["stored_bytes"] if t["stored_bytes"] else 0
+        ratio = f"{t['raw_bytes'] / t['stored_bytes']:.3f}x" if t["stored_bytes"] else "n/a"
         lines.append(
-            f"stored: {t['samples']} samples, {t['tokens']} tokens, {t['stored_bytes'] / 1e6:.1f} MB "
-            f"(raw {t['raw_bytes'] / 1e6:.1f} MB, ratio {ratio:.3f}x)"
+            f"stored: {t['samples']} samples, {t['tokens']} tokens, {units.size(t['stored_bytes'])} "
+            f"(raw {units.size(t['raw_bytes'])}, ratio {ratio})"
         )
     for kind, ex in (("skipped", the_plan.examples), ("failed", packer.examples)):
         for reason, n in counts[kind].items():

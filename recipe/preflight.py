@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from .errors import UserError
+from .units import size
 
 log = logging.getLogger(__name__)
 # The disk check assumes a conservative ratio; the lossless ratio measured on real activations is
@@ -38,32 +39,32 @@ def check(samples, slots: int, hidden: int, out_dir, dump_dir, budget_gb: float)
     out_free = shutil.disk_usage(existing_parent(out_dir)).free
     dump_free = shutil.disk_usage(existing_parent(dump_dir)).free
     longest = max((len(s.input_ids) for s in samples), default=0) * (slots * hidden * 2 + 4)
+    budget = int(budget_gb * (1 << 30))
     log.info(
-        "preflight: %d samples, %d tokens: raw %.2f GB, stored about %.2f GB at the %.2fx measured on real "
-        "activations (the disk check assumes %.1fx: %.2f GB; free %.2f GB); dump budget %.2f GiB "
-        "(free on %s: %.2f GiB)",
+        "preflight: %d samples, %d tokens: raw %s, stored about %s at the %.2fx measured on real activations "
+        "(the disk check assumes %.1fx: %s; free %s); dump budget %s (free on %s: %s)",
         len(samples),
         sum(len(s.input_ids) for s in samples),
-        raw / 1e9,
-        raw / MEASURED_RATIO / 1e9,
+        size(raw),
+        size(raw / MEASURED_RATIO),
         MEASURED_RATIO,
         EXPECTED_RATIO,
-        stored / 1e9,
-        out_free / 1e9,
-        budget_gb,
+        size(stored),
+        size(out_free),
+        size(budget),
         dump_dir,
-        dump_free / 2**30,
+        size(dump_free),
     )
     if stored > out_free:
         raise PreflightError(
-            f"output filesystem of {out_dir} has {out_free / 1e9:.1f} GB free but this run "
-            f"needs about {stored / 1e9:.1f} GB: free space or split the data (data.num_shards)"
+            f"output filesystem of {out_dir} has {size(out_free)} free but this run needs about "
+            f"{size(stored)}: free space or split the data (data.num_shards)"
         )
-    if budget_gb * (1 << 30) > dump_free:
+    if budget > dump_free:
         raise PreflightError(
-            f"capture.budget_gb={budget_gb} GiB but {dump_dir} has only {dump_free / 2**30:.1f} GiB free: "
+            f"capture.budget_gb={budget_gb} ({size(budget)}) but {dump_dir} has only {size(dump_free)} free: "
             "lower the budget or enlarge /dev/shm (docker: ipc: host or shm_size)"
         )
-    if longest > budget_gb * (1 << 30):
-        log.warning("the longest sample (%.2f GB raw) exceeds capture.budget_gb: it will pass alone", longest / 1e9)
+    if longest > budget:
+        log.warning("the longest sample (%s raw) exceeds capture.budget_gb: it will pass alone", size(longest))
     return {"raw_bytes": raw, "expected_bytes": stored}

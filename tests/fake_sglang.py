@@ -11,7 +11,8 @@ FAKE_SGLANG_MODE (comma-separated): graphs (the hook never runs, as under CUDA-g
 flaky500 (the first attempt of every request answers 500), die_once (the process exits on the 3rd
 request, once per marker file FAKE_SGLANG_MARKER, leaving a claim on the whole dump budget behind),
 hang_once (on the 3rd request the scheduler and /health stop answering while the process stays up;
-once per marker), cached (answers cached_tokens > 0), slow (sleep per pass).
+once per marker), cached (answers cached_tokens > 0), slow (sleep per pass), slow_exit (SIGTERM
+takes 3 s, as SGLang's graceful drain does, then the exit time goes to FAKE_SGLANG_EXITED).
 """
 
 from __future__ import annotations
@@ -214,6 +215,15 @@ def main():
             self.reply(200, {"text": "", "output_ids": [], "meta_info": meta})
 
     srv = ThreadingHTTPServer((args.host, args.port), H)
+    if "slow_exit" in MODES:
+        import signal
+
+        def drain(*_):
+            time.sleep(3)
+            Path(os.environ["FAKE_SGLANG_EXITED"]).write_text(str(time.time()))
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, drain)
     threading.Thread(target=warmup, daemon=True).start()
     srv.serve_forever()
 

@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "run_waits_on_the_servers_drain": (
+        "recipe/backends/sglang.py",
+        "self.stopping = self.server.stop_in_background()",
+        "self.server.stop()",
+        ["tests/test_sglang_backend.py::test_the_run_ends_without_waiting_on_the_servers_drain_and_after_the_server"],
+    ),
+    "progress_counts_the_server_start": (
+        "recipe/packer.py",
+        "        self.t0 = self.last = time.monotonic()\n\n    def add",
+        "        pass\n\n    def add",
+        ["tests/test_pipeline.py::test_progress_counts_from_the_capture_start_and_gives_an_eta"],
+    ),
     "too_long_at_max_length": (
         "recipe/data.py",
         "truncated = len(ids) > data_cfg.max_length",

@@ -184,4 +184,4 @@ def test_preflight_estimates_kimi_scale_disk(caplog):
     with caplog.at_level(logging.INFO, logger="recipe.preflight"):
         with pytest.raises(preflight.PreflightError):  # no test machine has 770 GB free
             preflight.check(samples, 4, 7168, "/tmp", "/tmp", 1.0)
-    assert "raw 923.89 GB, stored about 638.05 GB at the 1.45x" in caplog.text
+    assert "raw 924 GB, stored about 638 GB at the 1.45x" in caplog.text

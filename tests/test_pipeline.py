@@ -39,3 +39,27 @@ def test_bad_input_is_accounted_and_the_run_goes_on(tmp_path):
     c = json.loads((out / "manifest.json").read_text())["counts"]
     assert c["input"] == 8 and c["ok"] == 6 and c["skipped"] == {"invalid_json": 1, "bad_field_type": 1}
     assert "skipped invalid_json: 1  e.g. d.jsonl:4" in r.stdout + r.stderr
+
+
+def test_sizes_and_rates_are_printed_in_units_that_fit():
+    from recipe.units import duration, rate, size
+
+    assert [size(x) for x in (0, 512, 12_345, 5.9e6, 4.56e9)] == ["0 B", "512 B", "12.3 KB", "5.9 MB", "4.56 GB"]
+    assert size(4_000) != "0.0 GB" and rate(30_100, "tok") == "30.1 Ktok/s"
+    assert [duration(x) for x in (3.21, 245, 7800)] == ["3.2 s", "4m05s", "2h10m"]
+
+
+def test_progress_counts_from_the_capture_start_and_gives_an_eta(monkeypatch):
+    from recipe.packer import Progress
+
+    clock = [100.0]
+    monkeypatch.setattr("recipe.packer.time.monotonic", lambda: clock[0])
+    p = Progress(total=10, every_s=1e9)
+    clock[0] += 200  # the server starting: not part of the rates
+    p.start()
+    clock[0] += 10
+    for _ in range(5):
+        p.add(tokens=1000, raw=2_000_000, stored=1_000_000)
+    line = p.line()
+    assert "packed 5/10 (failed 0) in 10.0 s | 0.5 samples/s | 500 tok/s" in line
+    assert "raw 1 MB/s, stored 500 KB/s (ratio 2.000x) | ETA 10.0 s" in line

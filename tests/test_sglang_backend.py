@@ -4,6 +4,7 @@
 import json
 import socket
 import sys
+import time
 
 import pytest
 import torch
@@ -180,6 +181,20 @@ def test_prefix_cache_hit_is_an_error(tmp_path, monkeypatch):
         run(sg_cfg(tmp_path, "data.limit=3"))
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["counts"]["failed"] == {"prefix_cache_hit": 3}
+
+
+def test_the_run_ends_without_waiting_on_the_servers_drain_and_after_the_server(tmp_path, monkeypatch):
+    """Every sample durable and the manifest written while the server drains (SGLang: seconds after
+    SIGTERM); the run returns only once it is gone (bounded), so nothing it started outlives it."""
+    monkeypatch.setenv("FAKE_SGLANG_MODE", "slow_exit")
+    monkeypatch.setenv("FAKE_SGLANG_EXITED", str(tmp_path / "exited"))
+    counts = run(sg_cfg(tmp_path, "data.limit=4"))
+    returned = time.time()
+    assert counts["ok"] == 4
+    exited = float((tmp_path / "exited").read_text())
+    manifest = (tmp_path / "out" / "manifest.json").stat().st_mtime
+    assert manifest < exited - 2  # written while the server was still draining
+    assert exited <= returned
 
 
 def test_server_death_restarts_and_resends(tmp_path, monkeypatch):

@@ -140,6 +140,7 @@ class HFBackend:
         return [stacked[i, : lens[i]].to("cpu") for i in range(len(lens))]
 
     def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
+        packer.progress.start()  # the model is loaded: rates count the capture
         for batch in batches(samples, self.batch_tokens, self.batch_size):
             if should_stop():
                 return

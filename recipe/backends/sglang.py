@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -258,6 +259,13 @@ class Server:
             self.pid_file.unlink(missing_ok=True)
         log.info("server stopped")
 
+    def stop_in_background(self, grace_s: float = 30.0) -> threading.Thread:
+        """stop() in a thread of its own: SGLang drains for seconds after SIGTERM, which nothing
+        durable waits for. Joining it is bounded (grace_s, then SIGKILL)."""
+        t = threading.Thread(target=self.stop, kwargs={"grace_s": grace_s}, name="server-stop")
+        t.start()
+        return t
+
     def log_tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -295,6 +303,7 @@ class SGLangBackend:
             pid_file=Path(output_dir) / ".server.json",
         )
         self.budget = int(capture.budget_gb * (1 << 30))
+        self.stopping: threading.Thread | None = None
         self.restarts = 0
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
 
@@ -306,11 +315,14 @@ class SGLangBackend:
         if self.opts.launch:
             self.server.start()
         self.server.wait_ready()
+        packer.progress.start()  # rates count the capture, not the server's start
         asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
 
     def close(self) -> None:
+        """Called once every sample is in the packer's hands: the server's own shutdown runs beside
+        the last commit and the manifest (`stopping`, joined by the run before it reports its exit)."""
         if self.opts.launch:
-            self.server.stop()
+            self.stopping = self.server.stop_in_background()
 
     def __enter__(self) -> "SGLangBackend":
         return self
