@@ -10,9 +10,14 @@ Every input record ends up in exactly one bucket: planned, or skipped under a na
 from __future__ import annotations
 
 import collections
+import gzip
 import hashlib
 import json
 import logging
+import lzma
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,9 +94,48 @@ def resolve_source(src: str) -> Path:
     return p
 
 
-def iter_records(src: str):
-    """Yields (where, record-or-BadRecord). Never raises for a bad line: the plan counts it."""
-    path = resolve_source(src)
+def spooled(path: Path) -> Path:
+    """A pipe or device (`/dev/stdin`, a FIFO) read once into a temporary file: the plan reads a
+    source twice (its checksum, then its records), and a stream gives its bytes only once."""
+    if path.is_file() or path.is_dir():
+        return path
+    fd, tmp = tempfile.mkstemp(prefix="hs-recipe-input-", suffix="".join(path.suffixes))
+    with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return Path(tmp)
+
+
+def open_text_lines(path: Path):
+    """The file's bytes, decompressed by its suffix (.gz, .zst, .xz), as a binary stream."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".xz":
+        return lzma.open(path, "rb")
+    if path.suffix == ".zst":
+        import io
+
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def json_array(f) -> list | None:
+    """The records of a file that holds one JSON array (`[{...}, {...}]`), else None (JSON lines)."""
+    head = f.peek(64)[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"["):
+        return None
+    try:
+        data = json.loads(f.read().decode("utf-8").lstrip("\ufeff"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None  # not one array after all: read as lines, each counted
+    return data if isinstance(data, list) else None
+
+
+def iter_records(path: Path, name: str | None = None):
+    """Yields (where, record-or-BadRecord). Never raises for a bad line: the plan counts it.
+    `name`: how `where` names the source (the path's name by default)."""
+    name = name or path.name
     if path.is_dir():  # a local HF dataset (datasets.save_to_disk)
         try:
             import datasets
@@ -101,11 +145,16 @@ def iter_records(src: str):
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
         for i, row in enumerate(ds):
-            yield f"{path.name}:{i}", row
+            yield f"{name}:{i}", row
         return
-    with open(path, "rb") as f:
+    with open_text_lines(path) as f:
+        records = json_array(f)
+        if records is not None:
+            for n, rec in enumerate(records, 1):
+                yield f"{name}[{n - 1}]", rec
+            return
         for n, raw in enumerate(f, 1):
-            where = f"{path.name}:{n}"
+            where = f"{name}:{n}"
             if not raw.strip():
                 continue
             try:
@@ -122,6 +171,7 @@ def iter_records(src: str):
 def to_messages(rec) -> list[dict]:
     if not isinstance(rec, dict):
         raise BadRecord("not_an_object", type(rec).__name__)
+    rec = {k: v for k, v in rec.items() if v is not None}  # Arrow fills a column a row lacks with null
     if "messages" in rec:
         msgs = rec["messages"]
         if not isinstance(msgs, list):
@@ -264,9 +314,9 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
     t0 = last = time.monotonic()
     index = 0  # position over all records of all sources: decides limit and job split
     for src in data_cfg.sources:
-        path = resolve_source(src)
+        path = spooled(resolve_source(src))
         plan.sources.append({"source": src, "path": str(path), "sha256": file_sha256(path)})
-        for where, rec in iter_records(src):
+        for where, rec in iter_records(path, Path(src).name):
             if data_cfg.limit is not None and index >= data_cfg.limit:
                 break
             mine = index % data_cfg.num_shards == data_cfg.shard_index

@@ -95,6 +95,8 @@ def plan(cfg) -> Job:
     """Validate, tokenize, open the output (identity checked or written) and preflight, in that
     order: every refusal comes before any GPU work, and before anything is written."""
     schema.validate(cfg)
+    if not str(cfg.output_dir or "").strip():  # Path("") is the current folder: never a silent choice
+        raise OutputDirError("output_dir= is empty: name a folder, or leave it out for the run folder's shards/")
     out = Path(cfg.output_dir)
     log_folders(cfg)
     check_output_dir(out)

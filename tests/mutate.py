@@ -21,6 +21,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "null_columns_count_as_fields": (
+        "recipe/data.py",
+        "rec = {k: v for k, v in rec.items() if v is not None}",
+        "pass",
+        [
+            "tests/test_data.py::test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_read_as_the_plain_file"
+        ],
+    ),
+    "a_stream_read_twice": (
+        "recipe/data.py",
+        "    if path.is_file() or path.is_dir():\n        return path\n",
+        "    return path\n",
+        [
+            "tests/test_data.py::test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_read_as_the_plain_file"
+        ],
+    ),
     "run_waits_on_the_servers_drain": (
         "recipe/backends/sglang.py",
         "self.stopping = self.server.stop_in_background()",

@@ -41,3 +41,9 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     (tmp_path / "d").mkdir()
     with pytest.raises(ValueError, match="an internal invariant"):
         cli.main(["inspect", str(tmp_path / "d")])
+
+
+def test_an_empty_output_dir_is_refused_rather_than_the_current_folder(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "recipe", "output_dir="], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "output_dir= is empty" in r.stdout + r.stderr
+    assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "shards").exists()

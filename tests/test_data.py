@@ -247,3 +247,46 @@ def test_job_split_partitions_the_input(tmp_path):
     assert sum(pt.input for pt in parts) == whole.input == 9
     for k, pt in enumerate(parts):  # the documented rule: record i goes to job i % num_shards
         assert [s.source for s in pt.samples] == [f"d.jsonl:{i + 1}" for i in range(9) if i % 3 == k]
+
+
+def test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_read_as_the_plain_file(tmp_path):
+    """The bundled conversations in every form a user has them: .jsonl.gz, .jsonl.zst, one JSON array,
+    piped through stdin, and a local HF dataset (Arrow fills the columns a row lacks with null)."""
+    import gzip
+    import subprocess
+    import sys
+
+    import zstandard
+
+    from recipe.data import ASSETS
+
+    src = ASSETS / "tiny-chat.jsonl"
+    raw = src.read_bytes()
+    rows = [json.loads(x) for x in raw.splitlines() if x.strip()]
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    (tmp_path / "c.json").write_text(json.dumps(rows))
+    tok = make_tokenizer()
+
+    def ids(source):
+        plan = data.build_plan(dcfg(sources=[str(source)], max_failures=0), tok)
+        return [s.id for s in plan.samples]
+
+    want = ids(src)
+    assert len(want) == len(rows)
+    for name in ("c.jsonl.gz", "c.jsonl.zst", "c.json"):
+        assert ids(tmp_path / name) == want, name
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_json(str(src)).save_to_disk(str(tmp_path / "hf"))  # columns unified: nulls
+    assert ids(tmp_path / "hf") == want
+    probe = (
+        "import sys, json; from recipe import data; from recipe.tiny import make_tokenizer; "
+        "from tests.test_data import dcfg; "
+        "p = data.build_plan(dcfg(sources=['/dev/stdin'], max_failures=0), make_tokenizer()); "
+        "print(json.dumps([s.id for s in p.samples]))"
+    )
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", probe], input=raw, capture_output=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert json.loads(r.stdout) == want
