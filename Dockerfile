@@ -49,6 +49,8 @@ RUN python3 -m recipe.patch pins --sglang-version "${SGLANG_VERSION}" \
  && python3 -m recipe.patch status --site-packages "${SITE}" > /opt/hs-recipe/PATCH_STATUS.json \
  && python3 -m recipe.patch smoke --site-packages "${SITE}" ${SMOKE_FLAGS}
 
-ENV PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
-ENTRYPOINT ["python3", "-m", "recipe"]
-CMD ["experiment=kimi-k2.5"]
+COPY docker/entrypoint.sh /usr/local/bin/hs-recipe
+# Config mistakes print one line (HYDRA_FULL_ERROR=1 at `docker run -e` shows the traceback).
+ENV PYTHONUNBUFFERED=1 EXPERIMENT=kimi-k2.5
+ENTRYPOINT ["/usr/local/bin/hs-recipe"]
+CMD []

@@ -3,8 +3,10 @@
 #   bash .ci/docker-stage.sh            (root; after `.ci/run` made .venv, or with any python that has the recipe)
 # 1. dockerd by hand (no systemd): overlay2, its own data/exec root and socket, no iptables, no bridge
 # 2. a CPU base made locally (docker/cpu-base.sh: no registry is reachable), then the one Dockerfile on it
-# 3. compose: `up` -> shards that `recipe.shards verify` accepts from the host; `down` mid-run, then
-#    `up` -> every sample exactly once; `--profile test run --rm test`
+# 3. compose, the README's commands: `up --exit-code-from extract` -> shards that `recipe.shards verify`
+#    accepts from the host; `down` mid-run, then `up` -> every sample exactly once; `run --rm extract
+#    OVERRIDES` keeps $EXPERIMENT; `stop` during model load returns at once; a failing job's `up` exits
+#    non-zero; `--profile test run --rm test` collects the whole suite and runs part of it
 # 4. a broken patch must fail the build
 # Images stay cached in $STATE (a rerun on this machine skips the base and the pip layer); the daemon,
 # its mounts, containers and outputs go at exit.
@@ -41,6 +43,7 @@ mkdir -p "$OUTPUT_DIR" "$MODEL_DIR" "$DATA_DIR" "$HF_CACHE" "$RUN"
 cleanup() {
   set +e
   "${COMPOSE[@]}" --profile test down --volumes --remove-orphans >/dev/null 2>&1
+  "$DOCKER" container prune -f >/dev/null 2>&1; "$DOCKER" image prune -f >/dev/null 2>&1   # nothing left behind
   if [ -f "$RUN/dockerd.pid" ]; then
     pid=$(cat "$RUN/dockerd.pid")
     kill "$pid" 2>/dev/null
@@ -94,8 +97,36 @@ assert verify(Path(out)) == []
 print(f"down after {before} of 40 stored, then up: 40 samples, each exactly once")
 EOF
 
+# -- run with overrides: the experiment stays ---------------------------------------------------
+say "compose run --rm extract OVERRIDES"
+"${COMPOSE[@]}" run --rm --no-deps extract data.limit=3 output_dir=/outputs/third/shards \
+  capture.dump_dir=/dev/shm/hs-ci-third >"$WORK/run.log" 2>&1 || { tail -30 "$WORK/run.log"; exit 1; }
+"$PY" -m recipe.shards verify "$OUTPUT_DIR/third/shards"
+# experiment=cpu puts Hydra's run folder under the output root; without it, under outputs/ there
+[ ! -e "$OUTPUT_DIR/outputs" ] || { echo "run dropped the experiment: $OUTPUT_DIR/outputs exists"; exit 1; }
+
+# -- a failing job exits with its status ----------------------------------------------------------
+say "a failing job exits non-zero, in one line"
+if CI_RUN=fail "${COMPOSE[@]}" run --rm --no-deps extract model.path=/models/none >"$WORK/fail.log" 2>&1; then
+  echo "a run with a missing model exited 0"; exit 1
+fi
+grep -q "model.path='/models/none' is not a local model directory" "$WORK/fail.log" && ! grep -q Traceback "$WORK/fail.log"
+
+# -- stop during model load: SIGTERM reaches the recipe at once (init: true) -----------------------
+say "compose stop during start-up"
+CI_RUN=stop "${COMPOSE[@]}" up --no-build -d extract >/dev/null 2>&1
+sleep 2
+s0=$(date +%s)
+CI_RUN=stop "${COMPOSE[@]}" stop extract >/dev/null 2>&1
+took=$(($(date +%s) - s0))
+[ "$took" -lt 20 ] || { echo "stop took ${took}s: SIGTERM was not handled before capture"; exit 1; }
+echo "stopped in ${took}s"
+
 # -- the test suite in the image --------------------------------------------------------------
 say "compose --profile test run --rm test"
+"${COMPOSE[@]}" --profile test run --rm test /opt/hs-recipe/tests --collect-only -q >"$WORK/collect.log" 2>&1 \
+  || { tail -30 "$WORK/collect.log"; exit 1; }
+tail -1 "$WORK/collect.log"
 "${COMPOSE[@]}" --profile test run --rm test /opt/hs-recipe/tests/test_config.py /opt/hs-recipe/tests/test_data.py >"$WORK/test.log" 2>&1 \
   || { tail -30 "$WORK/test.log"; exit 1; }
 tail -1 "$WORK/test.log"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -234,12 +235,26 @@ _SECTIONS = {
 BACKENDS = {BackendName.hf: HFBackendConfig, BackendName.sglang: SGLangBackendConfig}
 
 
+def data_tag(sources) -> str:
+    """The data's part of a folder name: its files' names without suffixes (`train.jsonl.gz` -> train)."""
+    names = []
+    for s in sources or []:
+        s = str(s).split(":", 1)[1] if str(s).startswith("builtin:") else str(s)
+        name = Path(s.rstrip("/")).name
+        names.append(name.split(".")[0] or name)
+    return shell_safe("+".join(names))[:80] or "data"
+
+
 def run_name(*, _root_) -> str:
-    """A run's default folder name, from what decides its content: the model, the captured slots and
-    the job's share of the data. The same command gives the same folder, so running it again resumes;
-    a different capture never lands in another's folder (and the store's identity check would refuse it)."""
+    """A run's default folder name, from what decides its content: the model, the data, the captured
+    slots and the job's share of the data. The same command gives the same folder, so running it again
+    resumes; other data or another capture lands in a folder of its own (and the store's identity check
+    refuses a set it does not match)."""
     c, d = _root_.capture, _root_.data
-    name = f"{_root_.model.name}/layers-{'-'.join(str(i) for i in c.layers) or 'none'}{'+final' if c.final else ''}"
+    name = (
+        f"{_root_.model.name}/{data_tag(d.sources)}/"
+        f"layers-{'-'.join(str(i) for i in c.layers) or 'none'}{'+final' if c.final else ''}"
+    )
     return name + (f"/part-{d.shard_index}-of-{d.num_shards}" if d.num_shards > 1 else "")
 
 

@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "sweep_folders_ignore_the_data": (
+        "conf/config.yaml",
+        "exclude_keys: [output_dir, capture.dump_dir, log_every_s, hydra/launcher]",
+        "exclude_keys: [output_dir, capture.dump_dir, log_every_s, hydra/launcher, data.sources]",
+        ["tests/test_config.py::test_a_sweep_over_data_files_gives_each_its_own_folder"],
+    ),
+    "run_folder_ignores_the_data": (
+        "recipe/schema.py",
+        'f"{_root_.model.name}/{data_tag(d.sources)}/"',
+        'f"{_root_.model.name}/"',
+        ["tests/test_config.py::test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock"],
+    ),
     "null_columns_count_as_fields": (
         "recipe/data.py",
         "rec = {k: v for k, v in rec.items() if v is not None}",

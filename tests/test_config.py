@@ -72,7 +72,7 @@ def test_cfg_job_prints_the_resolved_config():
         [sys.executable, "-m", "recipe", "--cfg", "job", "--resolve"], cwd=ROOT, capture_output=True, text=True
     ).stdout
     assert "rid_prefix: hsx-" in out and "${" not in out  # every value resolved, none left as an interpolation
-    assert "output_dir: outputs/tiny-llama/layers-1-2-3+final/shards" in out
+    assert "output_dir: outputs/tiny-llama/tiny-chat/layers-1-2-3+final/shards" in out
 
 
 def test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock(tmp_path):
@@ -84,12 +84,37 @@ def test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock(tm
         return p.stdout + p.stderr
 
     first = recipe()
-    assert "writing to: output_dir=" + str(tmp_path / "outputs/tiny-llama/layers-1-2-3+final/shards") in first
+    assert "writing to: output_dir=" + str(tmp_path / "outputs/tiny-llama/tiny-chat/layers-1-2-3+final/shards") in first
     again = recipe()
     assert "3 already stored, 0 to do" in again
     other = recipe("capture.layers=[1,3]", "data.num_shards=2")
     assert "0 already stored" in other
-    assert (tmp_path / "outputs/tiny-llama/layers-1-3+final/part-0-of-2/shards/manifest.json").exists()
+    assert (tmp_path / "outputs/tiny-llama/tiny-chat/layers-1-3+final/part-0-of-2/shards/manifest.json").exists()
+    # other data, same model and capture, no output_dir: a folder of its own, not a refusal
+    (tmp_path / "mine.jsonl").write_text(_three_conversations())
+    theirs = recipe(f"data.sources=[{tmp_path / 'mine.jsonl'}]")
+    assert "writing to: output_dir=" + str(tmp_path / "outputs/tiny-llama/mine/layers-1-2-3+final/shards") in theirs
+
+
+def _three_conversations() -> str:
+    import json
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(3)
+    ]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_a_sweep_over_data_files_gives_each_its_own_folder(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text(_three_conversations().replace("q", name))
+    p = recipe_cli(
+        tmp_path, "-m", f"data.sources=[{tmp_path / 'a.jsonl'}],[{tmp_path / 'b.jsonl'}]", "log_every_s=1000"
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    made = sorted(x.parent.parent.name for x in (tmp_path / "multirun").rglob("shards/manifest.json"))
+    assert len(made) == 2 and made[0] != made[1], made
 
 
 def test_each_backend_schema_holds_only_its_own_keys():

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SGLANG_VERSION
 
+if not (ROOT / "Dockerfile").exists():  # inside the image (compose's test profile): no Docker files there
+    pytest.skip("the repository's Docker files are not in the image", allow_module_level=True)
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
@@ -48,7 +50,9 @@ def test_dockerfile_commands_are_recipe_commands():
     run = " ".join(line for line in DOCKERFILE.replace("\\\n", " ").splitlines() if line.startswith("RUN"))
     used = set(re.findall(r"python3 -m recipe\.patch (\w+)", run))
     assert used == {"pins", "site", "check", "apply", "status", "smoke"}
-    assert 'ENTRYPOINT ["python3", "-m", "recipe"]' in DOCKERFILE
+    assert 'ENTRYPOINT ["/usr/local/bin/hs-recipe"]' in DOCKERFILE
+    assert "COPY docker/entrypoint.sh /usr/local/bin/hs-recipe" in DOCKERFILE
+    assert "HYDRA_FULL_ERROR" not in DOCKERFILE.split("#")[0] and "EXPERIMENT=kimi-k2.5" in DOCKERFILE
     assert arg("SMOKE_FLAGS") == "--import"  # the production build imports the patched modules
     assert "-c /tmp/image-pins.txt" in run  # the image's pins are constraints: nothing moves
 
@@ -111,7 +115,7 @@ def test_compose_renders_what_a_gpu_job_needs():
     assert ex["ulimits"]["memlock"] == -1 and ex["ulimits"]["stack"] == 67108864
     targets = {v["target"]: v for v in ex["volumes"]}
     assert targets["/models"]["read_only"] and targets["/data"]["read_only"] and "/outputs" in targets
-    assert ex["command"] == ["experiment=kimi-k2.5"]
+    assert not ex.get("command") and ex["environment"]["EXPERIMENT"] == "kimi-k2.5" and ex["init"] is True
     assert ex["environment"]["MODEL_ROOT"] == "/models" and ex["environment"]["OUTPUT_ROOT"] == "/outputs"
     assert svc["test"]["entrypoint"][:3] == ["python3", "-m", "pytest"]
 
@@ -125,7 +129,7 @@ def test_compose_experiment_comes_from_env(tmp_path):
         cwd=ROOT,
         env={**os.environ, "EXPERIMENT": "llama-3.1-8b"},
     )
-    assert json.loads(r.stdout)["services"]["extract"]["command"] == ["experiment=llama-3.1-8b"]
+    assert json.loads(r.stdout)["services"]["extract"]["environment"]["EXPERIMENT"] == "llama-3.1-8b"
     assert (ROOT / "conf/experiment/llama-3.1-8b.yaml").exists()
 
 
@@ -148,4 +152,24 @@ def test_the_ci_override_resets_only_what_a_cpu_runner_lacks():
         assert "ulimits" not in ci[name] and "deploy" not in ci[name] and ci[name]["network_mode"] == "host"
         assert prod["services"][name]["ulimits"]["memlock"] == -1  # the real file keeps them
         assert ci[name]["volumes"] == prod["services"][name]["volumes"] and ci[name]["ipc"] == "host"
-    assert ci["extract"]["command"][0] == "experiment=cpu" and (ROOT / "conf/experiment/cpu.yaml").exists()
+    assert ci["extract"]["environment"]["EXPERIMENT"] == "cpu" and (ROOT / "conf/experiment/cpu.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["capture.layers=[3,31,59]"], ["capture.layers=[3,31,59]", "experiment=cpu"]),
+        (["-m", "capture.layers=[1,2],[2,3]"], ["-m", "capture.layers=[1,2],[2,3]", "experiment=cpu"]),
+        (["experiment=llama-3.1-8b", "data.limit=3"], ["experiment=llama-3.1-8b", "data.limit=3"]),
+        ([], ["experiment=cpu"]),
+    ],
+)
+def test_the_entrypoint_keeps_the_experiment_under_the_users_overrides(tmp_path, args, expected):
+    """`docker compose run --rm extract OVERRIDES` replaces the service's command: the image's
+    entrypoint still puts experiment=$EXPERIMENT beside them, unless the user names one."""
+    fake = tmp_path / "python3"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "EXPERIMENT": "cpu"}
+    r = subprocess.run(["sh", str(ROOT / "docker/entrypoint.sh"), *args], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.split("\n")[:-1] == ["-m", "recipe", *expected]
