@@ -132,16 +132,19 @@ def plan(cfg) -> Job:
         identity(cfg, fp, tokenizer_provenance(model_dir, tokenizer), the_plan.sources),
         {"model": model},
         max_shard_bytes=int(cfg.shards.max_shard_gb * (1 << 30)),
+        deep_check=cfg.shards.deep_check,
     )
     with contextlib.ExitStack() as on_error:
         on_error.callback(store.close)
         for name, dropped in store.repaired:
             log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
+        for name, why in store.left:
+            log.warning("resume: %s left as it is (%s); new samples go to new shards", name, why)
         if store.lost:
             log.warning(
-                "resume: %d stored samples were lost (shard missing or cut short) and are redone: %s",
+                "resume: %d index lines dropped (damaged, gone or listed twice); what is not stored is redone: %s",
                 len(store.lost),
-                ", ".join(store.lost[:10]) + (" ..." if len(store.lost) > 10 else ""),
+                "; ".join(f"{i} ({why})" for i, why in store.lost[:5]) + (" ..." if len(store.lost) > 5 else ""),
             )
         todo = [s for s in the_plan.samples if s.key not in store.keys]
         log.info(
@@ -308,7 +311,17 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         "skipped": dict(the_plan.skipped),
         "failed": dict(packer.failed),
         "not_done": not_done,
+        # the set on disk, which a narrower resume (data.limit, fewer sources) does not shrink
+        "stored_total": len(job.store.records),
+        "stored_outside_this_input": len(job.store.records) - already - packer.ok,
     }
+    if counts["stored_outside_this_input"]:
+        log.warning(
+            "the set holds %d samples outside this run's input (a smaller data.limit or other sources): "
+            "the counts describe this input, stored_total the whole set (%d)",
+            counts["stored_outside_this_input"],
+            counts["stored_total"],
+        )
     fields = {
         "versions": versions(),
         "data": {

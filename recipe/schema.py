@@ -118,6 +118,7 @@ class ShardsConfig:
     zstd_level: int = 1
     workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.57-0.79 GB/s raw each on the GPU host
     commit_every: int = 64
+    deep_check: bool = False  # a resume also checks every stored record's crc32 (reads the whole set)
 
 
 @dataclass

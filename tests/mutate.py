@@ -21,6 +21,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "resume_cuts_what_it_cannot_prove": (
+        "recipe/shards/repair.py",
+        "if first in indexed and indexed[first] != (f.name, want):",
+        "if False:",
+        ["tests/test_integrity.py::test_swapped_or_renamed_shards_are_never_cut_and_their_samples_are_redone"],
+    ),
+    "resume_trusts_the_index_place": (
+        "recipe/shards/repair.py",
+        """if header["meta"].get("id") != rec["id"]:""",
+        "if False:",
+        ["tests/test_integrity.py::test_a_resume_drops_lines_whose_place_holds_another_sample"],
+    ),
+    "resume_keeps_duplicate_lines": (
+        "recipe/shards/repair.py",
+        """        if r["id"] in seen:\n""",
+        "        if False:\n",
+        ["tests/test_integrity.py::test_a_resume_repairs_a_line_listed_twice"],
+    ),
+    "deep_check_skips_the_crc": (
+        "recipe/shards/repair.py",
+        """if deep and crc32(frame) != rec["crc32"]:""",
+        "if False:",
+        ["tests/test_integrity.py::test_a_flipped_byte_is_found_by_a_deep_resume_and_redone"],
+    ),
     "sweep_folders_ignore_the_data": (
         "conf/config.yaml",
         "exclude_keys: [output_dir, capture.dump_dir, log_every_s, hydra/launcher]",

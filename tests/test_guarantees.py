@@ -169,17 +169,26 @@ def test_the_packer_workers_shards_are_fsynced_before_the_index_names_them(tmp_p
     assert ev.index(("fsync", shard)) < ev.index(("write", INDEX)) < ev.index(("fsync", INDEX)), ev
 
 
+def record(sid: str, n: int = 64) -> bytes:
+    """A real record frame holding sample `sid` (a resume reads the id in its header)."""
+    from recipe.shards.codec import Codec
+
+    h = np.arange(n * 2 * 8, dtype=np.uint16).reshape(n, 2, 8)
+    return Codec(entropy_only=True).encode({"id": sid}, {"hidden": ("bfloat16", h)})
+
+
 def test_a_crash_between_append_and_commit_is_cut_back_on_reopen(tmp_path):
     store = ShardStore(tmp_path / "out", IDENTITY)
-    store.append("a", "ka", b"A" * 100, 1, 1)
+    a, b = record("a"), record("b", 500)
+    store.append("a", "ka", a, 1, 1)
     store.commit()
-    store.append("b", "kb", b"B" * 5000, 1, 1)
+    store.append("b", "kb", b, 1, 1)
     store._shard.flush()  # the bytes reached the file, the index never named them: then kill -9
     shard = store._shard_path
-    assert shard.stat().st_size == 5100
+    assert shard.stat().st_size == len(a) + len(b)
     store._lock.close()  # the process is gone: its lock with it
     again = ShardStore(tmp_path / "out", IDENTITY)
-    assert shard.stat().st_size == 100 and again.repaired == [(shard.name, 5000)]
+    assert shard.stat().st_size == len(a) and again.repaired == [(shard.name, len(b))]
     assert [r["id"] for r in again.records] == ["a"] and "kb" not in again.keys
     again.close()
 

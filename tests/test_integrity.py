@@ -265,6 +265,87 @@ def test_a_damaged_file_the_recipe_owns_is_one_line_naming_the_file_and_the_fix(
         assert any(f"{out / name} is damaged" in p for p in verify(out))
 
 
+# --- resume trusts nothing it has not checked --------------------------------------------------
+
+
+def several_shards(tmp_path, n=8):
+    extra = ("shards.max_shard_gb=0.00002", "shards.commit_every=1", "shards.workers=1")  # ~20 KB each
+    run(cfg(tmp_path, *extra, limit=n))
+    return tmp_path / "out", lambda *more: run(cfg(tmp_path, *extra, *more, limit=n))
+
+
+def test_a_resume_repairs_a_line_listed_twice(tmp_path):
+    out, resume = several_shards(tmp_path)
+    lines = (out / "index.jsonl").read_bytes().splitlines(keepends=True)
+    (out / "index.jsonl").write_bytes(b"".join(lines) + lines[2])
+    counts = resume()
+    assert counts["ok"] == 8 and counts["ok_this_run"] == 0
+    exactly_once(out, 8)
+
+
+def test_swapped_or_renamed_shards_are_never_cut_and_their_samples_are_redone(tmp_path):
+    """Two shard files that swap names, and one renamed to a fresh name: the index no longer
+    describes them. The resume drops their lines (redone), cuts none of their bytes, and the set
+    then reads and verifies whole."""
+    out, resume = several_shards(tmp_path)
+    r = ShardReader(out)
+    shards = sorted({x["shard"] for x in r.records})
+    assert len(shards) >= 4
+    d = out / "shards"
+    a, b, c = d / shards[0], d / shards[1], d / shards[2]
+    sizes = {p.name: p.stat().st_size for p in (a, b, c)}
+    a.rename(d / "tmp")
+    b.rename(a)
+    (d / "tmp").rename(b)
+    c.rename(d / "shard-00777.bin")
+    counts = resume()
+    assert counts["ok"] == 8 and counts["ok_this_run"] >= 3
+    assert (a.stat().st_size, b.stat().st_size) == (sizes[b.name], sizes[a.name])  # not a byte cut
+    assert (d / "shard-00777.bin").stat().st_size == sizes[c.name]
+    exactly_once(out, 8)
+    for x in ShardReader(out).records:
+        ShardReader(out).get(x["id"])
+
+
+def test_a_resume_drops_lines_whose_place_holds_another_sample(tmp_path):
+    """Two index lines that swapped places (shard, offset, length, crc): each checksum holds, only the
+    records' own ids tell. The resume reads them, drops what it cannot trust, redoes it."""
+    out, resume = several_shards(tmp_path)
+    lines = [json.loads(x) for x in (out / "index.jsonl").read_text().splitlines()]
+    place = ("shard", "offset", "length", "crc32")
+    a, b = ({k: x[k] for k in place} for x in lines[:2])
+    lines[0].update(b)
+    lines[1].update(a)
+    (out / "index.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert resume()["ok"] == 8
+    exactly_once(out, 8)
+    r = ShardReader(out)
+    assert all(r.get(i)["meta"]["id"] == i for i in r.ids)
+
+
+def test_a_flipped_byte_is_found_by_a_deep_resume_and_redone(tmp_path):
+    out, resume = several_shards(tmp_path)
+    rec = ShardReader(out).records[3]
+    path = out / "shards" / rec["shard"]
+    data = bytearray(path.read_bytes())
+    data[rec["offset"] + rec["length"] // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert any(rec["id"] in p for p in verify(out))
+    counts = resume("shards.deep_check=true")
+    assert counts["ok_this_run"] == 1 and counts["ok"] == 8
+    exactly_once(out, 8)
+
+
+def test_a_narrower_resume_keeps_the_whole_set_in_the_manifest(tmp_path):
+    run(cfg(tmp_path, limit=5))
+    counts = run(cfg(tmp_path, limit=2))
+    assert counts["input"] == counts["ok"] == 2
+    assert counts["stored_total"] == 5 and counts["stored_outside_this_input"] == 3
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["totals"]["samples"] == 5 and m["counts"]["stored_total"] == 5
+    assert verify(tmp_path / "out") == []
+
+
 def test_merge_keeps_each_sample_id_once(tmp_path):
     from recipe.shards.merge import merge
 

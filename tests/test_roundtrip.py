@@ -114,6 +114,8 @@ def test_manifest_records_provenance(default_run):
         "skipped": {},
         "failed": {},
         "not_done": 0,
+        "stored_total": 40,
+        "stored_outside_this_input": 0,
     }
 
 

@@ -263,17 +263,31 @@ def _header(body: np.ndarray) -> tuple[dict, int]:
     return json.loads(body[4 : 4 + hlen].tobytes()), 4 + hlen
 
 
-def tail_frame_follows(frame: bytes) -> bool:
-    """For a scan without the index: does this record's frame A announce a frame B after it?"""
+def record_header(frame) -> dict:
+    """A record's header (its meta: id, key, ...; its tensors), decoding only the header's bytes of
+    frame A: what a resume checks of every shard cheaply. Raises CorruptRecord."""
+    if bytes(frame[:4]) != ZSTD_MAGIC:
+        raise CorruptRecord("no record starts here (not a zstd frame)")
     try:
         r = zstd.ZstdDecompressor().stream_reader(frame)
         head = np.empty(4, np.uint8)
         _read_into(r, memoryview(head))
-        rest = np.empty(int(head.view("<u4")[0]), np.uint8)
+        size = int(head.view("<u4")[0])
+        if size > 1 << 24:
+            raise CorruptRecord(f"a record header of {size} bytes")
+        rest = np.empty(size, np.uint8)
         _read_into(r, memoryview(rest))
-        return bool(_header(np.concatenate([head, rest]))[0].get("tail"))
-    except (zstd.ZstdError, ValueError) as e:
+        return _header(np.concatenate([head, rest]))[0]
+    except (zstd.ZstdError, ValueError, EOFError) as e:
         raise CorruptRecord(f"cannot read a record header: {e}") from e
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def tail_frame_follows(frame: bytes) -> bool:
+    """For a scan without the index: does this record's frame A announce a frame B after it?"""
+    return bool(record_header(frame).get("tail"))
 
 
 CHUNK = 2 * RAW_BLOCK  # values joined at a time: the high bytes are read while still in cache

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from ..errors import CorruptFile, UserError
+from . import repair
 from .codec import crc32
 
 INDEX = "index.jsonl"
@@ -142,7 +143,12 @@ class ShardStore:
     """Single writer of one output directory (an flock enforces it)."""
 
     def __init__(
-        self, root: str | Path, identity: dict, provenance: dict | None = None, max_shard_bytes: int = 4 << 30
+        self,
+        root: str | Path,
+        identity: dict,
+        provenance: dict | None = None,
+        max_shard_bytes: int = 4 << 30,
+        deep_check: bool = False,
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -161,7 +167,7 @@ class ShardStore:
             self._lock.close()
             raise
         self.records = read_index(self.root, repair=True)
-        self._repair_shards()
+        self._repair_shards(deep_check)
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
         self._pending: list[dict] = []
@@ -196,28 +202,22 @@ class ShardStore:
             "or write to another output_dir=..."
         )
 
-    def _repair_shards(self) -> None:
-        """Cut uncommitted tails; drop indexed samples whose bytes are gone (they are redone)."""
-        shard_dir = self.root / SHARD_DIR
-        sizes = {f.name: f.stat().st_size for f in shard_dir.glob("shard-*.bin")}
-        kept = [r for r in self.records if r["offset"] + r["length"] <= sizes.get(r["shard"], -1)]
-        self.lost = [r["id"] for r in self.records if r not in kept]
-        if self.lost:
-            self.records = kept
+    def _repair_shards(self, deep: bool) -> None:
+        """Keep what repair.check proves (the rest is redone), cut only proven uncommitted tails."""
+        checked = repair.check(self.root / SHARD_DIR, self.records, deep)
+        self.lost = checked.dropped  # (id, why)
+        self.left = checked.left  # (shard, why): never appended to again
+        if len(checked.kept) != len(self.records):
+            self.records = checked.kept
             atomic_write(
-                self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in kept)
+                self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in self.records)
             )
-        ends: dict[str, int] = {}
-        for r in self.records:
-            ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
         self.repaired = []
-        for name, size in sorted(sizes.items()):
-            f, want = shard_dir / name, ends.get(name, 0)
-            if size > want:  # bytes after the last commit: an interrupted run; they are redone
-                with open(f, "r+b") as fh:
-                    fh.truncate(want)
-                    os.fsync(fh.fileno())
-                self.repaired.append((f.name, size - want))
+        for name, at, extra in checked.cuts:
+            with open(self.root / SHARD_DIR / name, "r+b") as fh:
+                fh.truncate(at)
+                os.fsync(fh.fileno())
+            self.repaired.append((name, extra))
 
     def _shard_names(self) -> list[str]:
         disk = [f.name for f in (self.root / SHARD_DIR).glob("shard-*.bin")]
@@ -237,7 +237,8 @@ class ShardStore:
         """Continue the newest shard while it has room; never reopen older ones."""
         names = self._shard_names()
         newest = self.root / SHARD_DIR / names[-1] if names else None
-        if newest is not None and newest.exists() and newest.stat().st_size < self.max_shard_bytes:
+        ok = newest is not None and newest.exists() and newest.name not in {n for n, _ in self.left}
+        if ok and newest.stat().st_size < self.max_shard_bytes:
             path = newest
         else:
             path = self.new_shard_path()
