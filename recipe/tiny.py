@@ -8,12 +8,15 @@ SGLang and HF load the very same safetensors.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from .errors import ModelDirError
+
+log = logging.getLogger(__name__)
 
 # A byte-level tokenizer: every UTF-8 byte is a token, plus the chat markers of two template
 # families. Tiny, needs no training, and tokenizes any text.
@@ -149,8 +152,11 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
     if name not in SPECS:
         raise ModelDirError(f"unknown built-in model {name!r}; have {sorted(SPECS)}")
     dest = Path(dest) if dest else cache_dir() / f"{name}-v3"  # v2: norm weights != 1; v3: per-expert names
-    if (dest / "config.json").exists():
+    if (dest / "config.json").exists() and intact(dest):
         return dest
+    if dest.exists():  # a cache cut short (disk full, a copy interrupted) or edited: built again
+        log.warning("the built-in model cache %s is damaged; building it again", dest)
+        shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     try:
@@ -169,6 +175,23 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def intact(dest: Path) -> bool:
+    """A cached built-in model as materialize left it: its marker, config and readable weights."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((dest / "config.json").read_text())
+        json.loads((dest / "recipe_builtin.json").read_text())
+        weights = list(dest.glob("*.safetensors"))
+        for w in weights:
+            with safe_open(w, "pt") as f:
+                for k in f.keys():
+                    f.get_slice(k)
+        return bool(weights) and all(w.stat().st_size > 0 for w in weights)
+    except Exception:  # whatever cannot be read back: the cache is rebuilt, not trusted
+        return False
 
 
 def resolve_model_path(path: str) -> Path:

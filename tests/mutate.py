@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "merge_ignores_template_kwargs": (
+        "recipe/shards/merge.py",
+        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")',
+        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit", "chat_template_kwargs")',
+        ["tests/test_integrity.py::test_merge_refuses_sets_whose_samples_differ_as_resume_would"],
+    ),
+    "damaged_builtin_cache_reused": (
+        "recipe/tiny.py",
+        'if (dest / "config.json").exists() and intact(dest):',
+        'if (dest / "config.json").exists():',
+        ["tests/test_pipeline.py::test_a_damaged_builtin_model_cache_is_rebuilt"],
+    ),
     "resume_cuts_what_it_cannot_prove": (
         "recipe/shards/repair.py",
         "if first in indexed and indexed[first] != (f.name, want):",

@@ -346,6 +346,17 @@ def test_a_narrower_resume_keeps_the_whole_set_in_the_manifest(tmp_path):
     assert verify(tmp_path / "out") == []
 
 
+@pytest.mark.parametrize("setting", ["data.max_length=600", "+data.chat_template_kwargs.enable_thinking=false"])
+def test_merge_refuses_sets_whose_samples_differ_as_resume_would(tmp_path, setting):
+    """Merge checks what resume checks: two truncation policies or template settings never mix."""
+    from recipe.shards.merge import MergeError, merge
+
+    run(cfg(tmp_path / "a", limit=2))
+    run(cfg(tmp_path / "b", setting, limit=2))
+    with pytest.raises(MergeError, match=setting.split("=")[0].split(".")[-1]):
+        merge(tmp_path / "m", [tmp_path / "a" / "out", tmp_path / "b" / "out"])
+
+
 def test_merge_keeps_each_sample_id_once(tmp_path):
     from recipe.shards.merge import merge
 

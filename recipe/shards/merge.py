@@ -21,25 +21,22 @@ from .store import (
     SHARD_DIR,
     atomic_write,
     identity_diff,
+    read_identity,
     read_index,
     read_manifest,
     summarize,
 )
 
+SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")  # which records a job took, not what a sample is
+
 
 def sample_identity(d: Path, manifest: dict) -> dict:
-    """The part of a set's identity that must agree for its samples to be interchangeable."""
-    p = Path(d) / IDENTITY
-    ident = json.loads(p.read_text()) if p.exists() else manifest
-    data = ident.get("data") or {}
-    return {
-        "format": ident.get("format"),
-        "model_fingerprint": ident.get("model_fingerprint"),
-        "capture": ident.get("capture"),
-        "tokenizer": ident.get("tokenizer"),
-        "max_length": data.get("max_length"),
-        "overflow": data.get("overflow"),
-    }
+    """The part of a set's identity that must agree for its samples to be interchangeable: all of
+    what a resume checks (format, model, capture, tokenizer and template, every data setting that
+    changes a sample: max_length, overflow, chat_template_kwargs, ...) except the job's share."""
+    ident = read_identity(d) or manifest
+    data = {k: v for k, v in (ident.get("data") or {}).items() if k not in SPLIT_KEYS}
+    return {k: ident.get(k) for k in ("format", "model_fingerprint", "capture", "tokenizer")} | {"data": data}
 
 
 class MergeError(UserError, ValueError):
