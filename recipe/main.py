@@ -362,6 +362,11 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
             f"{sum(packer.failed.values())} samples failed: {dict(packer.failed)} "
             f"(details in {cfg.output_dir}/manifest.json)"
         )
+    if not_done:  # neither stored nor failed, with no stop asked for: never a silent success
+        raise RunFailed(
+            f"{not_done} samples were neither stored nor failed; run the same command again to resume: "
+            f"{resume_command(cfg)}"
+        )
     return counts
 
 

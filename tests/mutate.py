@@ -21,6 +21,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "forward_error_not_counted": (
+        "recipe/backends/hf.py",
+        'packer.fail(rid, f"forward_error: {type(e).__name__}: {e}")',
+        "pass",
+        ["tests/test_pipeline.py::test_a_batch_whose_forward_fails_is_counted_and_the_run_fails"],
+    ),
+    "slot_count_unchecked": (
+        "recipe/packer.py",
+        "    if slots != n_slots:\n",
+        "    if False:\n",
+        ["tests/test_guarantees.py::test_a_dump_with_another_slot_count_is_refused_not_stored"],
+    ),
+    "verify_ignores_the_mask_length": (
+        "recipe/shards/__main__.py",
+        'or arrs["loss_mask"].shape[0] != rec["tokens"]',
+        "",
+        ["tests/test_guarantees.py::test_verify_names_a_loss_mask_whose_length_is_not_the_token_count"],
+    ),
     "merge_ignores_template_kwargs": (
         "recipe/shards/merge.py",
         'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")',

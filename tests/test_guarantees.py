@@ -82,6 +82,37 @@ def test_the_packer_does_not_pack_before_the_response(tmp_path):
     assert pk.ok == 1
 
 
+def test_a_dump_with_another_slot_count_is_refused_not_stored(tmp_path):
+    """The packer's slot check: a dump of 3 slots under a 2-slot set is a failed sample, never `ok`."""
+    n = 6
+    pk, store, s, dump, _ = packer_with_one_sample(tmp_path, n)
+    words = torch.randn(n, 3, 8).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    with pk:
+        pk.expect("hsx-sid", s)
+        records.write_record(dump, "hsx-sid", 0, s.input_ids, records.split_words(words), True)
+        pk.responded("hsx-sid")
+        pk.drain(timeout_s=10)
+    assert pk.ok == 0 and list(pk.failed) == ["slot_count_mismatch"] and not store.records
+
+
+def test_verify_names_a_loss_mask_whose_length_is_not_the_token_count(tmp_path):
+    from recipe.shards.codec import Codec
+    from recipe.shards.store import ShardStore
+
+    h = np.full((5, 2, 8), 0x3F80, np.uint16)
+    frame = Codec(entropy_only=True).encode(
+        {"id": "m", "key": "k", "dtypes": {"hidden": "bfloat16"}},
+        {"input_ids": ("int32", np.arange(5, dtype=np.int32)), "loss_mask": ("uint8", np.ones(4, np.uint8)),
+         "hidden": ("bfloat16", h)},
+    )  # fmt: skip
+    store = ShardStore(tmp_path, {**IDENTITY, "capture": {"slots": ["a", "b"]}}, {"model": {"hidden_size": 8}})
+    store.append("m", "k", frame, tokens=5, raw_bytes=h.nbytes)
+    store.commit()
+    store.write_manifest({})
+    store.close()
+    assert any("ids/mask length differ from 5 tokens" in p for p in verify(tmp_path))
+
+
 @pytest.mark.parametrize(
     "value,reason", [(0x7F80, "non_finite"), (0xFF80, "non_finite"), (0x7FC0, "non_finite"), (None, "all_zero_slot_1")]
 )

@@ -4,7 +4,8 @@ import json
 import subprocess
 import sys
 
-from conftest import recipe_cli
+import pytest
+from conftest import recipe_cli, small_run_cfg
 
 
 def test_embedded_default_then_verify(tmp_path):
@@ -74,3 +75,25 @@ def test_a_damaged_builtin_model_cache_is_rebuilt(tmp_path, monkeypatch):
     good = w.read_bytes()
     w.write_bytes(good[: len(good) // 2])  # a copy cut short
     assert tiny.materialize("tiny-llama") == d and w.read_bytes() == good  # deterministic weights: rebuilt equal
+
+
+@pytest.mark.timeout(60)  # a sample the backend neither dumps nor fails is waited for: fail fast, not hang
+def test_a_batch_whose_forward_fails_is_counted_and_the_run_fails(tmp_path, monkeypatch):
+    """The HF backend's failure path: each sample of the batch a failed `forward_error`, a non-zero
+    exit; the other batches stored."""
+    from recipe.backends.hf import HFBackend
+    from recipe.main import RunFailed, run
+
+    real, calls = HFBackend.hidden_states, []
+
+    def flaky(self, batch):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(self, batch)
+
+    monkeypatch.setattr(HFBackend, "hidden_states", flaky)
+    with pytest.raises(RunFailed, match="forward_error"):
+        run(small_run_cfg(tmp_path, "backend.batch_size=2", limit=6))
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert sum(m["counts"]["failed"].values()) == 2 and m["counts"]["ok"] == 4 and m["counts"]["not_done"] == 0

@@ -1,0 +1,196 @@
+"""The cost of growth on the CPU: time and peak RSS of what a user runs on a set, against its size.
+
+    python bench/scale.py sets --sizes 10000,100000,1000000 --out scale.json    # 64 jobs merged, then each op
+    python bench/scale.py long --tokens 131072 --hidden 2048 --out long.json    # one long sample: packer, reader
+
+`sets`: N samples written as 64 job sets (the real ShardStore, index and records; small samples of
+16 tokens x 4 slots x hidden 8, so the index and the per-record work dominate, as in a set of 1M short
+chats), merged into one (`recipe.shards.merge`, timed), then in a fresh process each: open (ShardReader),
+resume plan (ShardStore's checks + the keys left to do), inspect, verify. Peak RSS is each process's
+own ru_maxrss. `long`: one sample through the real packer (its worker process) and the reader; peak RSS
+against the sample's raw size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+T, SLOTS, H, JOBS = 16, 4, 8, 64
+CAPTURE = {"layers": [1, 2, 3], "final": True, "slots": ["layer_1", "layer_2", "layer_3", "final_post_norm"]}
+IDENTITY = {"format": "bench-scale", "model_fingerprint": "x", "capture": CAPTURE | {"convention": "residual_in"}}
+MODEL = {"model": {"name": "bench", "hidden_size": H, "num_layers": 4}}
+
+
+def build(root: Path, n: int) -> float:
+    """n samples as JOBS job sets under root/job-i; returns the seconds it took."""
+    from recipe.shards.codec import Codec
+    from recipe.shards.store import ShardStore
+
+    rng = np.random.default_rng(0)
+    h = (rng.standard_normal((T, SLOTS, H), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    codec, t0 = Codec(entropy_only=True), time.perf_counter()
+    for j in range(JOBS):
+        store = ShardStore(root / f"job-{j}", IDENTITY, MODEL)
+        ids, mask = np.arange(T, dtype=np.int32), np.ones(T, np.uint8)
+        for i in range(j, n, JOBS):
+            sid = f"{i:024x}"
+            meta = {"id": sid, "key": f"k{sid}", "dtypes": {"hidden": "bfloat16", "input_ids": "int32"}}
+            tensors = {
+                "input_ids": ("int32", ids),
+                "loss_mask": ("uint8", mask),
+                "hidden": ("bfloat16", h),
+            }
+            store.append(sid, f"k{sid}", codec.encode(meta, tensors), tokens=T, raw_bytes=h.nbytes)
+            if len(store._pending) >= 8192:
+                store.commit()
+        store.commit()
+        store.write_manifest({})
+        store.close()
+    return time.perf_counter() - t0
+
+
+OPS = {
+    "open": "from recipe.shards import ShardReader; r = ShardReader(ROOT); n = len(r.ids)",
+    "resume_plan": (
+        "from recipe.shards.store import ShardStore, read_identity; s = ShardStore(ROOT, read_identity(Path(ROOT))); "
+        "todo = [k for k in (r['key'] for r in s.records) if k not in s.keys]; s.close()"
+    ),
+    "inspect": "from recipe.shards.__main__ import inspect; inspect(Path(ROOT))",
+    "verify": "from recipe.shards.__main__ import verify; assert verify(Path(ROOT)) == []",
+}
+
+
+def measure(op: str, root: Path) -> dict:
+    code = (
+        "import json, resource, sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
+        f"ROOT = sys.argv[1]; t0 = time.perf_counter(); {OPS[op]}; "
+        "print(json.dumps({'seconds': round(time.perf_counter() - t0, 3), "
+        "'peak_rss_MB': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(root), str(ROOT)], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        raise SystemExit(f"{op}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def sets(sizes: list[int], work: Path) -> list[dict]:
+    from recipe.shards.merge import merge
+
+    rows = []
+    for n in sizes:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        built = build(work, n)
+        t0 = time.perf_counter()
+        merge(work / "merged", [work / f"job-{j}" for j in range(JOBS)])
+        row = {"samples": n, "build_s": round(built, 1), "merge_64_jobs_s": round(time.perf_counter() - t0, 3)}
+        row["raw_MB"] = round(n * (T * SLOTS * H * 2 + 5 * T) / 1e6, 1)
+        row["index_MB"] = round((work / "merged" / "index.jsonl").stat().st_size / 1e6, 1)
+        for op in OPS:
+            row[op] = measure(op, work / "merged")
+        row["verify"]["raw_MB_per_s"] = round(row["raw_MB"] / row["verify"]["seconds"], 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def long_sample(tokens: int, hidden: int, work: Path) -> dict:
+    """One sample of `tokens` through the packer (its worker process packs it) and the reader."""
+    code_pack = (
+        "import json, resource, sys; sys.path.insert(0, sys.argv[1]); from bench.scale import pack_one; "
+        "raw = pack_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]); "
+        "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024; "
+        "me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; "
+        "print(json.dumps({'raw_MB': raw / 1e6, 'packer_main_peak_MB': me, 'packer_worker_peak_MB': kids}))"
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    r = subprocess.run(
+        [sys.executable, "-c", code_pack, str(ROOT), str(tokens), str(hidden), str(work)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode:
+        raise SystemExit(r.stderr[-3000:])
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    code_read = (
+        "import json, resource, sys, time; from recipe.shards import ShardReader; r = ShardReader(sys.argv[1]); "
+        "t0 = time.perf_counter(); x = r.get(r.ids[0]); dt = time.perf_counter() - t0; "
+        "print(json.dumps({'reader_peak_MB': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 'get_s': dt}))"
+    )
+    r = subprocess.run([sys.executable, "-c", code_read, str(work / "out")], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        raise SystemExit(r.stderr[-3000:])
+    res.update(json.loads(r.stdout.strip().splitlines()[-1]))
+    res["tokens"], res["hidden"], res["slots"] = tokens, hidden, SLOTS
+    for k in ("packer_main_peak_MB", "packer_worker_peak_MB", "reader_peak_MB"):
+        res[k.replace("_MB", "_over_raw")] = round(res[k] / res["raw_MB"], 3)
+    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def pack_one(tokens: int, hidden: int, work: str) -> int:
+    """The hook's dump of one sample, then the packer (one worker process) stores it."""
+    from recipe.capture import records
+    from recipe.capture.writer import CaptureWriter
+    from recipe.data import Sample
+    from recipe.packer import Packer, Progress
+    from recipe.shards.codec import Codec
+    from recipe.shards.store import ShardStore
+
+    work = Path(work)
+    dump = work / "dump"
+    dump.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    h = np.empty((tokens, SLOTS, hidden), np.uint16)
+    for a in range(0, tokens, 4096):  # filled in blocks: no float32 copy of the whole sample
+        x = rng.standard_normal((min(4096, tokens - a), SLOTS, hidden), dtype=np.float32) * 0.05
+        h[a : a + len(x)] = (x.view(np.uint32) >> 16).astype(np.uint16)
+    s = Sample("long", rng.integers(0, 100000, tokens).astype(np.int32), np.ones(tokens, np.uint8), "b", key="k")
+    CaptureWriter(dump, 1 << 40, "hsx-").write_pass(["hsx-long"], [0], [tokens], s.input_ids, records.split_words(h))
+    del h
+    store = ShardStore(work / "out", IDENTITY)
+    with Packer(
+        dump, store, Codec(entropy_only=True), ["a", "b", "c", "final"], workers=1, progress=Progress(1, 1e9)
+    ) as pk:
+        pk.expect("hsx-long", s)
+        pk.responded("hsx-long")
+        pk.drain()
+    raw = store.write_manifest({})["totals"]["raw_bytes"]
+    store.close()
+    return raw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["sets", "long"])
+    ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--tokens", type=int, default=131072)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hs-scale"))
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    if a.what == "sets":
+        res = {"sets": sets([int(x) for x in a.sizes.split(",")], a.work)}
+    else:
+        res = {"long": long_sample(a.tokens, a.hidden, a.work)}
+    res["machine"] = {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]}
+    print(json.dumps(res, indent=1))
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
