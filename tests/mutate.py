@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "piece_rows_restart_at_zero": (
+        "recipe/packer.py",
+        "yield row + r, block.reshape(k, slots, hidden)",
+        "yield r, block.reshape(k, slots, hidden)",
+        ["tests/test_guarantees.py::test_a_bad_value_in_any_piece_of_a_chunked_sample_is_refused"],
+    ),
     "forward_error_not_counted": (
         "recipe/backends/hf.py",
         'packer.fail(rid, f"forward_error: {type(e).__name__}: {e}")',
@@ -210,8 +216,8 @@ MUTATIONS = {
     ),
     "tail_not_truncated": (
         "recipe/shards/store.py",
-        "                    fh.truncate(want)\n",
-        "                    pass\n",
+        "                fh.truncate(at)\n",
+        "                pass\n",
         ["tests/test_guarantees.py::test_a_crash_between_append_and_commit_is_cut_back_on_reopen"],
     ),
     "ids_snapshot_removed": (
@@ -249,7 +255,7 @@ MUTATIONS = {
     ),
     "shard_name_by_count": (
         "recipe/shards/store.py",
-        "n = max(shard_number(names[-1]) + 1 if names else 0, int(nxt.read_text()) if nxt.exists() else 0)",
+        "n = max(shard_number(names[-1]) + 1 if names else 0, read_owned(nxt, int, fix) if nxt.exists() else 0)",
         "n = len(list((self.root / SHARD_DIR).glob('shard-*.bin')))",
         ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"],
     ),

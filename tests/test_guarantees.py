@@ -82,6 +82,26 @@ def test_the_packer_does_not_pack_before_the_response(tmp_path):
     assert pk.ok == 1
 
 
+@pytest.mark.parametrize("where", [1, 7])  # in the first piece, in the second
+def test_a_bad_value_in_any_piece_of_a_chunked_sample_is_refused(tmp_path, where):
+    """Chunked prefill: one sample in two equal pieces; +Inf in either is found beside a huge finite
+    value in the other (the pieces' rows are numbered through the sample, so the low plane's check of
+    each piece looks at that piece's rows, not at rows another piece left open)."""
+    n = 12
+    pk, store, s, dump, _ = packer_with_one_sample(tmp_path, n)
+    words = np.full((n, 2, 8), 0x3F00, np.uint16)  # 0.5: a low byte of 0
+    words[where, 1, 3] = 0x7F80  # +Inf
+    words[(where + 6) % n, 0, 5] = 0x7F00  # 2^127, finite, in the other piece: its high byte looks alike
+    hidden = records.split_words(words)
+    with pk:
+        pk.expect("hsx-sid", s)
+        records.write_record(dump, "hsx-sid", 0, s.input_ids[:6], hidden[:, :6], None)
+        records.write_record(dump, "hsx-sid", 6, s.input_ids[6:], hidden[:, 6:], True)
+        pk.responded("hsx-sid")
+        pk.drain(timeout_s=10)
+    assert pk.ok == 0 and list(pk.failed) == ["non_finite"] and not store.records
+
+
 def test_a_dump_with_another_slot_count_is_refused_not_stored(tmp_path):
     """The packer's slot check: a dump of 3 slots under a 2-slot set is a failed sample, never `ok`."""
     n = 6
