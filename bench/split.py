@@ -4,7 +4,7 @@
   python3 bench/split.py --device cpu --tokens 256 --reps 3     # a plumbing check here
 
 `bytes`: each slot's bf16 seen as bytes, the odd (high) and even (low) ones copied out (what the hook
-did up to this session); `words`: each slot seen as int16 words, the high byte as `w >> 8` and the low
+does); `words`: each slot seen as int16 words, the high byte as `w >> 8` and the low
 one as the word cast to uint8, each written in one elementwise pass. Both must give the same planes
 (checked here on values including -0, Inf and NaN). Data: N(0, 0.05) in bf16, a whole chunked-prefill
 pass (8192 tokens) of the 8B shape the throughput benchmark serves.

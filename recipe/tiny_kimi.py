@@ -12,7 +12,7 @@ What the real repository has and this copies in small (public model card; SGLang
 - a chat template built like Kimi's: `<|im_user|>user<|im_middle|>…<|im_end|>`, a default system
   turn, thinking mode (`<think>` opens the answer) and instant mode (`thinking=false`: an empty
   `<think></think>`), and earlier turns' reasoning dropped once a later user turn follows.
-Not copied: INT4 compressed-tensors routed experts (issue 12's stretch) and the image pipeline.
+Not copied: INT4 compressed-tensors routed experts and the image pipeline.
 """
 
 from __future__ import annotations

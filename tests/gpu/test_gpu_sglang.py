@@ -45,8 +45,8 @@ if not HAVE:
 
 TOL_REL_L2 = 0.05
 TOL_LOGPROB = 0.15  # nats, worst token: bf16 states through a float head vs SGLang's own (bf16) logits
-# Every input is built in this session: a fresh folder unless GPU_WORK names one (kept for debugging);
-# no test reads what an earlier session left.
+# Every input is built in this run: a fresh folder unless GPU_WORK names one (kept for debugging);
+# no test reads what an earlier run left.
 WORK = Path(os.environ.get("GPU_WORK") or __import__("tempfile").mkdtemp(prefix="gpu-proof-"))
 if os.environ.get("GPU_WORK"):
     shutil.rmtree(WORK, ignore_errors=True)
@@ -186,7 +186,7 @@ def compare(reader, be, layers, ids=None):
 
 @pytest.fixture(scope="module")
 def batched(served):
-    """The bundled 40 conversations through the recipe at concurrency 16: this session's own run."""
+    """The bundled 40 conversations through the recipe at concurrency 16: this run's own samples."""
     out = WORK / f"out-{served.kind}-batched"
     t0 = time.time()
     counts = served.recipe(out)
