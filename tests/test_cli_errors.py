@@ -47,3 +47,23 @@ def test_an_empty_output_dir_is_refused_rather_than_the_current_folder(tmp_path)
     r = subprocess.run([sys.executable, "-m", "recipe", "output_dir="], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "output_dir= is empty" in r.stdout + r.stderr
     assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "shards").exists()
+
+
+def test_a_failure_inside_the_packer_ends_the_process_with_one_line(tmp_path):
+    """A damaged file met by the packer's own thread (shards/NEXT, read when a worker opens a new
+    shard): the committer, the workers and the process all end, with one line and exit 2."""
+    common = [f"capture.dump_dir={tmp_path / 'shm'}", "log_every_s=1000", "shards.max_shard_gb=0.00001"]
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "recipe", f"output_dir={out}", *common]
+    first = subprocess.run([*argv, "data.limit=2"], capture_output=True, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (out / "shards" / "NEXT").write_text("garbage")
+    r = subprocess.run(
+        [*argv, "data.limit=4"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,  # a thread left waiting would keep the process alive: this would time out
+    )
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in said and f"{out / 'shards' / 'NEXT'} is damaged" in said, said
