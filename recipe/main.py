@@ -232,14 +232,9 @@ def capture(cfg, job: Job) -> Captured:
         ) as packer:
             writer = CaptureWriter(dump_dir, budget, cfg.capture.rid_prefix)
             try:
-                with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
-                    backend.run(
-                        job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}", should_stop=stop.is_set
-                    )
-                    if stop.is_set():
-                        interrupted = "interrupted by a signal"
-                    packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
-                stopping = getattr(backend, "stopping", None)  # set by its close(), just now
+                stopping = compute(cfg, job, dump_dir, packer, writer, stop)
+                if stop.is_set():
+                    interrupted = "interrupted by a signal"
             except KeyboardInterrupt:
                 interrupted = "interrupted"
             except RuntimeError as e:
@@ -253,6 +248,17 @@ def capture(cfg, job: Job) -> Captured:
                 )
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted, stopping)
+
+
+def compute(cfg, job: Job, dump_dir: Path, packer: Packer, writer, stop) -> threading.Thread | None:
+    """The backend computes what is still to do while the packer stores it; returns the launched
+    server's shutdown, begun as the backend closed. Nothing to do: no model loaded, no server started."""
+    if not job.todo:
+        return None
+    with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
+        backend.run(job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}", should_stop=stop.is_set)
+        packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
+    return getattr(backend, "stopping", None)  # set by its close(), just now
 
 
 def dump_folder(cfg):

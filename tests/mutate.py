@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "resume_loads_the_model": (
+        "recipe/main.py",
+        "    if not job.todo:\n        return None\n",
+        "",
+        ["tests/test_pipeline.py::test_a_resume_with_nothing_to_do_loads_no_model"],
+    ),
     "piece_rows_restart_at_zero": (
         "recipe/packer.py",
         "yield row + r, block.reshape(k, slots, hidden)",

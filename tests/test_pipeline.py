@@ -97,3 +97,16 @@ def test_a_batch_whose_forward_fails_is_counted_and_the_run_fails(tmp_path, monk
         run(small_run_cfg(tmp_path, "backend.batch_size=2", limit=6))
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert sum(m["counts"]["failed"].values()) == 2 and m["counts"]["ok"] == 4 and m["counts"]["not_done"] == 0
+
+
+def test_a_resume_with_nothing_to_do_loads_no_model(tmp_path, monkeypatch):
+    from recipe import main
+
+    assert main.run(small_run_cfg(tmp_path, limit=3))["ok"] == 3
+
+    def no(*a, **k):
+        raise AssertionError("a backend was made for a resume with nothing to do")
+
+    monkeypatch.setattr(main, "make_backend", no)
+    counts = main.run(small_run_cfg(tmp_path, limit=3))
+    assert counts["ok"] == counts["already_stored"] == 3 and counts["ok_this_run"] == 0
