@@ -81,13 +81,10 @@ def run(cfg: DictConfig) -> dict:
                 return finish(cfg, job, cap)  # every sample durable, the manifest written...
             finally:
                 cap.wait_for_the_server()  # ...then the server gone, then the exit
-    except OSError as e:  # a full disk outside the packer (opening the store, the manifest): nothing is lost
+    except OSError as e:  # a full disk outside the packer (the store, the manifest, the dump folder): nothing is lost
         if e.errno != errno.ENOSPC:
             raise
-        raise RunFailed(
-            f"output disk full ({e}): free space on the filesystem of {cfg.output_dir}, then run the "
-            "same command again to resume"
-        ) from e
+        raise RunFailed(f"{full_disk(e, cfg)}, then run the same command again to resume") from e
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -241,11 +238,8 @@ def capture(cfg, job: Job) -> Captured:
                 full = disk_full(e)
                 if full is None:
                     raise
-                interrupted = (
-                    f"output disk full ({full}): free space on the filesystem of {cfg.output_dir} (about "
-                    f"{units.size(preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1])}"
-                    " for the whole run)"
-                )
+                need = units.size(preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1])
+                interrupted = full_disk(full, cfg) + f" (the whole run stores about {need})"
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted, stopping)
 
@@ -272,13 +266,24 @@ def dump_folder(cfg):
     return owned_dump_dir(cfg.capture.dump_dir)
 
 
-def disk_full(e: BaseException) -> str | None:
+def disk_full(e: BaseException) -> OSError | None:
     """The ENOSPC behind a packer failure, if that is what it was."""
     while e is not None:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return str(e)
+            return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def full_disk(err: OSError, cfg) -> str:
+    """Which disk is full, named by the file that could not be written: the RAM disk of the dump
+    folder, or the output's filesystem."""
+    if err.filename and Path(str(err.filename)).resolve().is_relative_to(Path(cfg.capture.dump_dir).resolve()):
+        return (
+            f"the RAM disk of capture.dump_dir={cfg.capture.dump_dir} is full ({err}): lower "
+            "capture.budget_gb or enlarge it (docker: ipc: host or shm_size)"
+        )
+    return f"output disk full ({err}): free space on the filesystem of {cfg.output_dir}"
 
 
 @contextlib.contextmanager

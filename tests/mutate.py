@@ -21,6 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "a_full_ram_disk_blamed_on_the_output": (
+        "recipe/main.py",
+        "Path(str(err.filename)).resolve().is_relative_to(Path(cfg.capture.dump_dir).resolve()):",
+        "False:",
+        ["tests/test_reliability.py::test_a_full_ram_disk_is_named_as_the_dump_folder_not_the_output_disk"],
+    ),
+    "hf_batch_ignores_the_dump_budget": (
+        "recipe/backends/hf.py",
+        "        if budget_bytes:\n",
+        "        if False:\n",
+        ["tests/test_reliability.py::test_the_hf_backend_keeps_each_batch_within_the_dump_budget"],
+    ),
     "resume_loads_the_model": (
         "recipe/main.py",
         "    if not job.todo:\n        return None\n",

@@ -249,3 +249,37 @@ def test_hung_server_is_detected_and_restarted(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 100  # found by the watchdog, not by the 120 s request timeout
     log = (tmp_path / "out" / "logs" / "server.log").read_text()
     assert log.count("===== start") == 2
+
+
+def test_the_hf_backend_keeps_each_batch_within_the_dump_budget(tmp_path, monkeypatch):
+    """A batch is one pass into the dump folder: with a small budget the HF backend makes smaller
+    batches rather than one pass that overshoots it (a single sample larger than the budget still
+    passes alone)."""
+    from recipe.capture import records
+
+    budget = 0.0002  # GiB: ~210 KB; tiny-llama's samples are 4 slots x 64 x 2 B = 512 B a token
+    peak = [0]
+    real = records.write_record
+
+    def watched(dump, *a, **k):
+        n = real(dump, *a, **k)
+        peak[0] = max(peak[0], records.dir_bytes(dump))
+        return n
+
+    monkeypatch.setattr(records, "write_record", watched)
+    counts = run(compose([f"output_dir={tmp_path / 'o'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=12",
+                          f"capture.budget_gb={budget}", "backend.batch_size=16"]))  # fmt: skip
+    longest = max(r["tokens"] for r in ShardReader(tmp_path / "o").records) * (4 * 64 * 2 + 5)
+    assert counts["ok"] == 12 and peak[0] <= max(budget * 2**30, longest) * 1.05, (peak[0], longest)
+
+
+def test_a_full_ram_disk_is_named_as_the_dump_folder_not_the_output_disk(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    def full(dump, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(dump) / "x.hsr"))
+
+    monkeypatch.setattr(records, "write_record", full)
+    with pytest.raises(RunFailed, match=r"the RAM disk of capture.dump_dir=.* is full .*capture.budget_gb"):
+        run(compose([f"output_dir={tmp_path / 'o'}", f"capture.dump_dir={tmp_path / 's'}", "data.limit=3"]))

@@ -78,6 +78,7 @@ class HFBackend:
         batch_tokens: int = 8192,
         batch_size: int = 16,
         attn_implementation: str | None = None,
+        budget_bytes: int = 0,
     ):
         import torch
 
@@ -92,6 +93,10 @@ class HFBackend:
         self.num_layers = self.model.config.num_hidden_layers
         self.layers, self.final = list(layers), final
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
+        # a batch is written into the dump folder as one pass: keep it within the dump budget
+        per_token = (len(self.layers) + int(final)) * self.model.config.hidden_size * 2 + 5
+        if budget_bytes:
+            self.batch_tokens = max(1, min(batch_tokens, budget_bytes // per_token))
 
     @classmethod
     def from_config(cls, model_dir, dump_dir, output_dir, *, backend, capture, model) -> "HFBackend":
@@ -106,6 +111,7 @@ class HFBackend:
             batch_tokens=backend.batch_tokens,
             batch_size=backend.batch_size,
             attn_implementation=backend.attn_implementation,
+            budget_bytes=int(capture.budget_gb * (1 << 30)),
         )
 
     def __enter__(self) -> "HFBackend":
