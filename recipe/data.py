@@ -9,6 +9,7 @@ Every input record ends up in exactly one bucket: planned, or skipped under a na
 
 from __future__ import annotations
 
+import atexit
 import collections
 import gzip
 import hashlib
@@ -100,6 +101,7 @@ def spooled(path: Path) -> Path:
     if path.is_file() or path.is_dir():
         return path
     fd, tmp = tempfile.mkstemp(prefix="hs-recipe-input-", suffix="".join(path.suffixes))
+    atexit.register(os.unlink, tmp)  # the copy lives as long as the run that read it
     with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
     return Path(tmp)

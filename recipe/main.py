@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> dict:
     except OSError as e:  # a full disk outside the packer (the store, the manifest, the dump folder): nothing is lost
         if e.errno != errno.ENOSPC:
             raise
-        raise RunFailed(f"{full_disk(e, cfg)}, then run the same command again to resume") from e
+        raise RunFailed(f"{full_disk_message(e, cfg)}, then run the same command again to resume") from e
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def capture(cfg, job: Job) -> Captured:
                 if full is None:
                     raise
                 need = units.size(preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1])
-                interrupted = full_disk(full, cfg) + f" (the whole run stores about {need})"
+                interrupted = full_disk_message(full, cfg) + f" (the whole run stores about {need})"
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted, stopping)
 
@@ -275,7 +275,7 @@ def disk_full(e: BaseException) -> OSError | None:
     return None
 
 
-def full_disk(err: OSError, cfg) -> str:
+def full_disk_message(err: OSError, cfg) -> str:
     """Which disk is full, named by the file that could not be written: the RAM disk of the dump
     folder, or the output's filesystem."""
     if err.filename and Path(str(err.filename)).resolve().is_relative_to(Path(cfg.capture.dump_dir).resolve()):

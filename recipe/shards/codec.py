@@ -282,9 +282,6 @@ def record_header(frame) -> dict:
         raise CorruptRecord(f"cannot read a record header: {e}") from e
 
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
 def tail_frame_follows(frame: bytes) -> bool:
     """For a scan without the index: does this record's frame A announce a frame B after it?"""
     return bool(record_header(frame).get("tail"))

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .codec import CorruptRecord, crc32, record_header
+from .codec import ZSTD_MAGIC, CorruptRecord, crc32, record_header
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _tails(shard_dir: Path, kept: list[dict], indexed: dict[str, tuple]) -> tupl
             first = record_header(head)["meta"].get("id")
         except CorruptRecord:
             first = None  # a torn append (the crash cut its header): uncommitted, if a record starts here
-            if not head.startswith(b"\x28\xb5\x2f\xfd"):
+            if not head.startswith(ZSTD_MAGIC):
                 left.append((f.name, f"{size - want} bytes after offset {want} are not a record"))
                 continue
         if first in indexed and indexed[first] != (f.name, want):
