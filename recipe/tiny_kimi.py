@@ -12,7 +12,9 @@ What the real repository has and this copies in small (public model card; SGLang
 - a chat template built like Kimi's: `<|im_user|>user<|im_middle|>…<|im_end|>`, a default system
   turn, thinking mode (`<think>` opens the answer) and instant mode (`thinking=false`: an empty
   `<think></think>`), and earlier turns' reasoning dropped once a later user turn follows.
-Not copied: INT4 compressed-tensors routed experts and the image pipeline.
+`builtin:tiny-kimi-k2.5-int4` is the same model with its routed experts in INT4 as the real
+checkpoint ships them (recipe/int4.py: compressed-tensors `pack-quantized`, group 32, the
+`quantization_config` under `text_config`). Not copied: the image pipeline.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def vision_weights(text_hidden: int, seed: int = 1) -> dict:
     return out
 
 
-def write_tiny_kimi(dest: Path, language_model) -> None:
-    """language_model: a DeepseekV3ForCausalLM (recipe.tiny.make_model) -> the Kimi-K2.5 layout in dest."""
+def write_tiny_kimi(dest: Path, language_model, int4: bool = False) -> None:
+    """language_model: a DeepseekV3ForCausalLM (recipe.tiny.make_model) -> the Kimi-K2.5 layout in dest;
+    int4: routed experts packed as the real checkpoint's are."""
     from safetensors.torch import save_file
 
     dest = Path(dest)
@@ -166,6 +169,12 @@ def write_tiny_kimi(dest: Path, language_model) -> None:
         pad_token_id=tok.pad_token_id,
     )
     text["architectures"] = ["DeepseekV3ForCausalLM"]  # SGLang reads it off text_config, as in the real one
+    language = {"language_model." + k: t for k, t in checkpoint_tensors(language_model).items()}
+    if int4:
+        from .int4 import QUANTIZATION_CONFIG, quantize
+
+        text["quantization_config"] = QUANTIZATION_CONFIG
+        language = quantize(language)
     config = {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
@@ -179,8 +188,7 @@ def write_tiny_kimi(dest: Path, language_model) -> None:
         "torch_dtype": "bfloat16",
     }
     (dest / "config.json").write_text(json.dumps(config, indent=2))
-    weights = {"language_model." + k: t for k, t in checkpoint_tensors(language_model).items()}
-    weights.update(vision_weights(text["hidden_size"]))
+    weights = {**language, **vision_weights(text["hidden_size"])}
     save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
 
 

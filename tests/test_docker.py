@@ -115,6 +115,7 @@ def test_compose_renders_what_a_gpu_job_needs():
     assert ex["ulimits"]["memlock"] == -1 and ex["ulimits"]["stack"] == 67108864
     targets = {v["target"]: v for v in ex["volumes"]}
     assert targets["/models"]["read_only"] and targets["/data"]["read_only"] and "/outputs" in targets
+    assert not targets["/root/.cache/tvm-ffi"].get("read_only")  # JIT-compiled kernels outlive the container
     assert not ex.get("command") and ex["environment"]["EXPERIMENT"] == "kimi-k2.5" and ex["init"] is True
     assert ex["environment"]["MODEL_ROOT"] == "/models" and ex["environment"]["OUTPUT_ROOT"] == "/outputs"
     assert svc["test"]["entrypoint"][:3] == ["python3", "-m", "pytest"]

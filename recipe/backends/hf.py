@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ..int4 import quantization_of, write_dequantized
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +47,27 @@ def load_causal_lm(model_dir, dtype, **kw):
     # transformers' own loader, not load_state_dict: it turns the checkpoint's per-expert names into
     # the fused experts its MoE modules hold. The vision tower is not ours to load: its keys are
     # expected leftovers, and the load report listing them is silenced.
+    # INT4 routed experts (Kimi-K2.5 as shipped) are read as the bf16 weights they stand for, so HF
+    # computes the model SGLang serves: dequantized into a temporary folder, loaded from there.
+    text = dict(outer["text_config"])
+    quantized = quantization_of(text)
+    text.pop("quantization_config", None)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            model_dir,
-            config=AutoConfig.for_model(**outer["text_config"]),
-            dtype=dtype,
-            key_mapping={r"^language_model\.": ""},
-            output_loading_info=True,
-            **kw,
-        )
+        with tempfile.TemporaryDirectory(prefix="hs-recipe-dequantized-") as tmp:
+            if quantized:
+                log.info("dequantizing %s's INT4 experts to %s for the HF backend", model_dir, dtype)
+                write_dequantized(model_dir, Path(tmp))
+                (Path(tmp) / "config.json").write_text(json.dumps(text))
+            model, info = AutoModelForCausalLM.from_pretrained(
+                tmp if quantized else model_dir,
+                config=AutoConfig.for_model(**text),
+                dtype=dtype,
+                key_mapping={r"^language_model\.": ""},
+                output_loading_info=True,
+                **kw,
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
     foreign = [k for k in info["unexpected_keys"] if not k.startswith(("vision_tower.", "mm_projector."))]

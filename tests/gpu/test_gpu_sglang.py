@@ -57,8 +57,10 @@ MODELS = {  # builtin name, capture layers (residual stream entering these layer
     "deepseek": ("tiny-deepseek-v3", [1, 2, 3], 4, 256),
     # Kimi-K2.5's layout (recipe/tiny_kimi.py): served by SGLang's KimiK25ForConditionalGeneration
     "kimi": ("tiny-kimi-k2.5", [1, 2, 3], 4, 256),
+    # the same with INT4 routed experts as the real checkpoint ships them (recipe/int4.py)
+    "kimi-int4": ("tiny-kimi-k2.5-int4", [1, 2, 3], 4, 256),
 }
-KIND_EXTRA = {"kimi": ["model.trust_remote_code=true"]}  # its tokenizer is remote code
+KIND_EXTRA = {k: ["model.trust_remote_code=true"] for k in ("kimi", "kimi-int4")}  # its tokenizer is remote code
 REPORT: dict = {
     "tolerance_rel_l2": TOL_REL_L2,
     "fake": FAKE,
@@ -412,34 +414,42 @@ def test_tp2_every_row_written_once_by_the_right_writers(case):
     assert worst["best_index_per_slot"] == [tuple(MODELS[kind][1])]
 
 
-KIMI_CASES = {  # name: (port, tp, extra server flags)
-    "kimi_tp1": (32040, 1, []),
-    "kimi_tp2": (32050, 2, []),
-    "kimi_tp2_dp_attention": (32060, 2, ["+server.args.enable_dp_attention=true", "server.args.dp_size=2"]),
+KIMI_CASES = {  # name: (kind, port, tp, extra server flags)
+    "kimi_tp1": ("kimi", 32040, 1, []),
+    "kimi_tp2": ("kimi", 32050, 2, []),
+    "kimi_tp2_dp_attention": ("kimi", 32060, 2, ["+server.args.enable_dp_attention=true", "server.args.dp_size=2"]),
+    # INT4 experts through SGLang's compressed-tensors W4A16 MoE: its default runner (Marlin) and triton
+    "kimi_int4_tp1": ("kimi-int4", 32070, 1, []),
+    "kimi_int4_tp1_triton_moe": ("kimi-int4", 32080, 1, ["+server.args.moe_runner_backend=triton"]),
 }
+MOE_METHOD = ("Using CompressedTensors", "compressed_tensors", "WNA16", "Marlin", "marlin")
 
 
 @pytest.mark.parametrize("case", list(KIMI_CASES))
 def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     """A checkpoint laid out like Kimi-K2.5 (kimi_k25 config, language_model./vision_tower. weights,
-    remote-code tokenizer, thinking template) served by SGLang's KimiK25ForConditionalGeneration,
-    which calls the patched DeepSeek-V3 with input_embeds: every sample dumped, each slot within
-    tolerance of HF DeepseekV3ForCausalLM on the same language weights and nearest its configured
-    index, ids and masks exactly the template's, each TP rank writing its share."""
+    remote-code tokenizer, thinking template; INT4 routed experts in the *_int4 cases) served by
+    SGLang's KimiK25ForConditionalGeneration, which calls the patched DeepSeek-V3 with input_embeds:
+    every sample dumped, each slot within tolerance of HF DeepseekV3ForCausalLM on the same language
+    weights (the INT4 ones dequantized) and nearest its configured index, ids and masks exactly the
+    template's, each TP rank writing its share."""
     from test_kimi import kimi_chat  # the bundled conversations with reasoning on every assistant turn
     from transformers import AutoTokenizer
 
     from recipe import data
 
-    kind, (port, tp, flags) = "kimi", KIMI_CASES[case]
+    kind, port, tp, flags = KIMI_CASES[case]
     if FAKE or torch.cuda.device_count() < tp:
         pytest.skip("the fake server has no Kimi wrapper" if FAKE else f"needs {tp} GPUs")
     chat = kimi_chat(WORK / "kimi-chat.jsonl")
+    t0 = time.time()
     with Running(kind, port, "+server.args.enforce_disable_flashinfer_allreduce_fusion=true", *flags, tp=tp) as srv:
         info = httpx.get(srv.url + "/model_info", timeout=30).json()
         out = WORK / f"out-{case}"
         counts = srv.recipe(out, f"data.sources=[{chat}]")
         writers = {f.name: [tuple(x.split()) for x in f.read_text().splitlines()] for f in srv.trace.iterdir()}
+    log_lines = srv.log.read_text(errors="replace").splitlines()
+    moe_lines = sorted({ln.split("] ", 1)[-1] for ln in log_lines if any(m in ln for m in MOE_METHOD)})[:12]
     reader = ShardReader(out)
     model_dir = WORK / "models" / MODELS[kind][0]
     worst = compare(reader, hf_reference(kind), MODELS[kind][1])
@@ -456,7 +466,11 @@ def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
             exact += bool(np.array_equal(x["input_ids"].numpy(), ids) and np.array_equal(x["loss_mask"].numpy(), mask))
     pieces = [p for lines in writers.values() for p in lines]
     REPORT[case] = {
+        "model": MODELS[kind][0],
+        "seconds": round(time.time() - t0, 1),
+        "server_ready_s": round(srv.ready_s, 1),
         "model_info": {k: info.get(k) for k in ("model_type", "architectures", "has_image_understanding")},
+        "quantization_log_lines": moe_lines,
         "counts": counts,
         "multi_turn_samples": multi_turn,
         "ids_and_masks_equal_the_template": exact,
@@ -469,6 +483,8 @@ def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     }
     save_report()
     assert info["architectures"] == ["KimiK25ForConditionalGeneration"] and info["model_type"] == "kimi_k25"
+    if kind == "kimi-int4":
+        assert any("CompressedTensorsWNA16" in ln for ln in moe_lines), moe_lines
     assert counts["ok"] == counts["input"] == 40 and not counts["failed"]
     assert verify(out) == []
     assert exact == 40 and multi_turn > 0
