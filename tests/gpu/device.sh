@@ -5,6 +5,7 @@
 #   bash tests/gpu/device.sh install    # install whatever wheel folders came along
 #   bash tests/gpu/device.sh proof      # patch SGLang in /tmp/site, run tests/gpu -> $OUT/{report.json,pytest.log,servers.log}
 #   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
+#   bash tests/gpu/device.sh product    # bench/product.py (python -m recipe vs plain) -> $OUT/product.json, logs
 #   bash tests/gpu/device.sh draft      # bench/draft.py all -> $OUT/draft.json, draft.log, draft-logs.tgz
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -27,6 +28,10 @@ case "${1:-install}" in
   draft)
     timeout 585 python3 bench/draft.py all --work /tmp/draft --out "$OUT/draft.json" "${@:2}" 2>&1 | tee "$OUT/draft.log" | grep -v "HTTP Request" | tail -60
     (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json data/data.json) ;;
+  product)
+    timeout 585 python3 bench/product.py --out "$OUT/product.json" "${@:2}" 2>&1 | tee "$OUT/product.log" | grep -v "HTTP Request" | tail -40
+    cp /tmp/bench-product/recipe-*.log "$OUT/" 2>/dev/null
+    for f in $(find /tmp/bench-product /tmp/bench -name server.log 2>/dev/null); do echo "=== $f"; tail -n 60 "$f"; done > "$OUT/product-servers.log" 2>&1 ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;

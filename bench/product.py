@@ -1,0 +1,198 @@
+"""The product's throughput: `python -m recipe backend=sglang ...` as a user runs it, against plain
+prefill of the same token ids on a fresh server with the same flags.
+
+Arms, in this order, each with its own server:
+  product   the recipe's own command at its defaults (a fresh machine: kernels compile on its start)
+  plain     patched SGLang with the dump off (= upstream), the same ids sent by the recipe's client at
+            the recipe's concurrency; timed from the first request to the last response
+  product   again, on the now warm machine (skipped when --deadline-s would be passed)
+
+For the product, times come from the recipe's own log and files: from "server ready" to the manifest
+written (every sample durable: the manifest is written after the last commit) and to the process's
+exit. Ratios: plain's prefill time over the product's ready-to-durable and ready-to-exit times.
+
+The target: Llama-3.1-8B's shape with init-scale random weights (bench/prefill.py's, made on the GPU),
+its tokenizer the built-in byte-level one with the Llama-3 template, so a record of N ASCII bytes is
+about N tokens. Data: chat records cut from the Python standard library's sources (text, not random
+ids), 512-4096 bytes per sample.
+
+  python bench/product.py --samples 300 --out product.json          # GPU host (~16 GB of weights in --model-dir)
+  python bench/product.py --fake --samples 20                       # CPU plumbing check (tests/fake_sglang.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import prefill  # noqa: E402  (the 8B shape, its weights, the plain arm)
+
+from recipe.data import Sample  # noqa: E402
+from recipe.shards import ShardReader  # noqa: E402
+
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def make_data(path: Path, n: int, lo: int, hi: int, seed: int = 0) -> None:
+    """n chat records of lo..hi bytes of real text (stdlib sources), split into a user and an assistant turn."""
+    src = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join(p.read_text(errors="replace") for p in sorted(src.glob("*.py"))[:400])
+    text = text.encode("ascii", "replace").decode()  # one byte, one token
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            size = int(rng.integers(lo, hi + 1))
+            at = int(rng.integers(0, len(text) - size))
+            cut = size // 4
+            msgs = [
+                {"role": "user", "content": f"[{i}] " + text[at : at + cut]},
+                {"role": "assistant", "content": text[at + cut : at + size]},
+            ]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+
+
+def log_time(line: str) -> float:
+    return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
+    """The recipe's command as a user types it; returns its timings and its shards' folder."""
+    out, dumps = Path(args.work) / f"out-{tag}", Path(args.shm) / f"product-{tag}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "recipe", "backend=sglang", "model=llama-3.1-8b", f"model.path={model_dir}"]
+    cmd += [f"data.sources=[{data}]", f"output_dir={out}", f"capture.dump_dir={dumps}", f"server.port={args.port}"]
+    cmd += args.flags
+    log_path = Path(args.work) / f"recipe-{tag}.log"
+    t_start = time.time()
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=args.work).returncode
+    t_exit = time.time()
+    lines = log_path.read_text(errors="replace").splitlines()
+    ready = [log_time(ln) for ln in lines if "server ready after" in ln and STAMP.match(ln)]
+    manifest = out / "manifest.json"
+    if rc != 0 or not ready or not manifest.exists():
+        raise SystemExit(f"product arm {tag} failed (rc {rc}); its log: {log_path}\n" + "\n".join(lines[-20:]))
+    t_ready, t_durable = ready[0], manifest.stat().st_mtime
+    totals = json.loads(manifest.read_text())["totals"]
+    return {
+        "arm": f"product-{tag}",
+        "command": " ".join(cmd),
+        "start_to_ready_s": round(t_ready - t_start, 1),
+        "ready_to_durable_s": round(t_durable - t_ready, 2),
+        "ready_to_exit_s": round(t_exit - t_ready, 2),
+        "durable_to_exit_s": round(t_exit - t_durable, 2),
+        "samples": totals["samples"],
+        "tokens": totals["tokens"],
+        "raw_bytes": totals["raw_bytes"],
+        "stored_bytes": totals["stored_bytes"],
+        "tokens_per_s_ready_to_durable": round(totals["tokens"] / (t_durable - t_ready), 1),
+        "progress_lines": [ln for ln in lines if "samples/s" in ln][-3:],
+        "out": str(out),
+    }
+
+
+def plain_arm(args, model_dir: Path, out: Path) -> dict:
+    """The same ids, on a fresh server with the recipe's default flags and the dump off."""
+    reader = ShardReader(out)
+    samples = []
+    for sid in reader.ids:
+        ids = reader.get(sid)["input_ids"].numpy().astype(np.int32)
+        samples.append(Sample(id=sid, input_ids=ids, loss_mask=np.ones(len(ids), np.uint8), source="bench", key=sid))
+    cfg = prefill.compose(["backend=sglang"])  # the defaults the product ran with
+    ns = SimpleNamespace(
+        shm=args.shm,
+        work=args.work,
+        port=args.port + 1,
+        concurrency=cfg.client.concurrency,
+        mem_fraction=cfg.server.args.mem_fraction_static,
+        chunk=cfg.server.args.chunked_prefill_size,
+        attention_backend=args.attention_backend,
+        budget_gb=cfg.capture.budget_gb,
+        workers=cfg.shards.workers,
+        writer_threads=cfg.capture.writer_threads,
+        tp=1,
+        fake=args.fake,
+        no_sync_records=False,
+    )
+    return prefill.arm("plain", ns, model_dir, samples, warm=[])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", default="/tmp/llama8b")
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--min-len", type=int, default=512)
+    ap.add_argument("--max-len", type=int, default=4096)
+    # fa3, SGLang's default on Hopper, is not in the slim kernel wheel this host gets (shared/gpu/README.md)
+    ap.add_argument("--attention-backend", default="flashinfer")
+    ap.add_argument("--port", type=int, default=33000)
+    ap.add_argument("--shm", default="/dev/shm")
+    ap.add_argument("--work", default="/tmp/bench-product")
+    ap.add_argument("--deadline-s", type=float, default=540, help="skip the warm product arm past this")
+    ap.add_argument("--out")
+    ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    args.flags = [f"server.args.attention_backend={args.attention_backend}"]
+    if args.fake:
+        from recipe.tiny import materialize
+
+        model_dir = materialize("tiny-llama")
+        fake = Path(__file__).resolve().parent.parent / "tests" / "fake_sglang.py"
+        args.flags += [f"server.command=[{sys.executable},{fake}]", "capture.layers=[1,2,3]"]
+    else:
+        model_dir = Path(args.model_dir)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(prefill.LLAMA_8B))
+        prefill.make_weights(model_dir)
+        from recipe.tiny import make_tokenizer
+
+        make_tokenizer("llama3").save_pretrained(model_dir)
+    print(f"weights ready at {time.monotonic() - t0:.0f} s", flush=True)
+    data = work / "data.jsonl"
+    make_data(data, args.samples, args.min_len, args.max_len)
+    res = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "arms": {}}
+
+    def save():
+        if args.out:
+            Path(args.out).write_text(json.dumps(res, indent=2))
+
+    cold = product_arm(args, "cold", model_dir, data)
+    res["arms"]["product-cold"] = cold
+    save()
+    plain = plain_arm(args, model_dir, Path(cold["out"]))
+    res["arms"]["plain"] = plain
+    shutil.rmtree(cold["out"], ignore_errors=True)  # the disk holds one set at a time
+    res["cold/plain ready-to-durable"] = round(plain["client_s"] / cold["ready_to_durable_s"], 4)
+    res["cold/plain ready-to-exit"] = round(plain["client_s"] / cold["ready_to_exit_s"], 4)
+    save()
+    # the warm arm's start is about the plain arm's (same machine, kernels compiled)
+    if time.monotonic() - t0 + plain["server_ready_s"] + cold["ready_to_exit_s"] + 15 < args.deadline_s:
+        warm = product_arm(args, "warm", model_dir, data)
+        res["arms"]["product-warm"] = warm
+        res["warm/plain ready-to-durable"] = round(plain["client_s"] / warm["ready_to_durable_s"], 4)
+        res["warm/plain ready-to-exit"] = round(plain["client_s"] / warm["ready_to_exit_s"], 4)
+        shutil.rmtree(warm["out"], ignore_errors=True)
+    else:
+        res["product-warm"] = "skipped: it would pass --deadline-s"
+    save()
+    print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
