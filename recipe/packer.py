@@ -66,9 +66,11 @@ class Progress:
         self.t0 = self.last = time.monotonic()
         self.samples = self.tokens = self.raw = self.stored = self.failed = 0
         self.noted = False
+        self.capturing = False  # until start(): the backend says what it waits for (model, server)
 
     def start(self) -> None:
         self.t0 = self.last = time.monotonic()
+        self.capturing = True
 
     def add(self, tokens: int, raw: int, stored: int) -> None:
         self.samples += 1
@@ -92,8 +94,10 @@ class Progress:
         )
 
     def maybe_log(self, force: bool = False) -> None:
+        if not (self.capturing or force):
+            return
         now = time.monotonic()
-        if not self.noted and not self.samples and now - self.t0 > self.FIRST_SAMPLE_NOTE_S:
+        if self.capturing and not self.noted and not self.samples and now - self.t0 > self.FIRST_SAMPLE_NOTE_S:
             self.noted = True
             log.info(
                 "no sample packed %.0f s into the capture: the first large batch compiles kernels on a fresh "

@@ -65,6 +65,9 @@ class ServerConfig:
     args: Dict[str, Any] = field(default_factory=dict)  # snake_case keys -> --kebab-case flags
     extra_args: List[str] = field(default_factory=list)  # passed through verbatim
     ready_timeout_s: float = 1200.0  # first start compiles kernels: minutes
+    # At the end every dump is on the RAM disk: the server holds nothing. SGLang's own drain after
+    # SIGTERM takes 5-8 s (its watchdog polls every 5 s) for nothing, so SIGKILL follows this soon.
+    stop_grace_s: float = 0.0
     max_restarts: int = 2
     health_every_s: float = 10.0  # watchdog: GET /health this often while requests are in flight
     health_timeout_s: float = 60.0  # a probe slower than this counts as a miss (SGLang probes via its scheduler)

@@ -129,14 +129,26 @@ MUTATIONS = {
     ),
     "run_waits_on_the_servers_drain": (
         "recipe/backends/sglang.py",
-        "self.stopping = self.server.stop_in_background()",
-        "self.server.stop()",
+        "self.stopping = self.server.stop_in_background(grace_s=self.opts.stop_grace_s)",
+        "self.server.stop(grace_s=self.opts.stop_grace_s)",
         ["tests/test_sglang_backend.py::test_the_run_ends_without_waiting_on_the_servers_drain_and_after_the_server"],
+    ),
+    "end_of_run_stop_drains": (  # the run's exit waits out SGLang's drain of seconds for nothing
+        "recipe/backends/sglang.py",
+        "stop_in_background(grace_s=self.opts.stop_grace_s)",
+        "stop_in_background()",
+        ["tests/test_sglang_backend.py::test_the_run_ends_without_waiting_on_the_servers_drain_and_after_the_server"],
+    ),
+    "progress_talks_before_the_capture": (  # "0 samples/s" and a compile note while the server starts
+        "recipe/packer.py",
+        "        if not (self.capturing or force):\n            return\n",
+        "",
+        ["tests/test_pipeline.py::test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_sample"],
     ),
     "progress_counts_the_server_start": (
         "recipe/packer.py",
-        "        self.t0 = self.last = time.monotonic()\n\n    def add",
-        "        pass\n\n    def add",
+        "        self.t0 = self.last = time.monotonic()\n        self.capturing = True\n",
+        "        self.capturing = True\n",
         ["tests/test_pipeline.py::test_progress_counts_from_the_capture_start_and_gives_an_eta"],
     ),
     "too_long_at_max_length": (

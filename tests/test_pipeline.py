@@ -66,6 +66,26 @@ def test_progress_counts_from_the_capture_start_and_gives_an_eta(monkeypatch):
     assert "raw 1 MB/s, stored 500 KB/s (ratio 2.000x) | ETA 10.0 s" in line
 
 
+def test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_sample(monkeypatch, caplog):
+    """While the server starts, the backend says what it waits for: no "0 samples/s" lines, and no
+    note about kernels compiling in the first batch before there is a batch."""
+    from recipe.packer import Progress
+
+    clock = [100.0]
+    monkeypatch.setattr("recipe.packer.time.monotonic", lambda: clock[0])
+    p = Progress(total=10, every_s=5)
+    with caplog.at_level("INFO", logger="recipe.packer"):
+        for _ in range(60):  # five minutes of a server starting
+            clock[0] += 5
+            p.maybe_log()
+        assert caplog.messages == []
+        p.start()
+        clock[0] += 31
+        p.maybe_log()
+    assert "no sample packed 31 s into the capture" in caplog.messages[0]
+    assert "packed 0/10 (failed 0) in 31.0 s" in caplog.messages[1]
+
+
 def test_a_damaged_builtin_model_cache_is_rebuilt(tmp_path, monkeypatch):
     from recipe import tiny
 

@@ -260,8 +260,8 @@ class Server:
         log.info("server stopped")
 
     def stop_in_background(self, grace_s: float = 30.0) -> threading.Thread:
-        """stop() in a thread of its own: SGLang drains for seconds after SIGTERM, which nothing
-        durable waits for. Joining it is bounded (grace_s, then SIGKILL)."""
+        """stop() in a thread of its own, beside the last commit and the manifest. Joining it is
+        bounded (grace_s, then SIGKILL)."""
         t = threading.Thread(target=self.stop, kwargs={"grace_s": grace_s}, name="server-stop")
         t.start()
         return t
@@ -322,7 +322,7 @@ class SGLangBackend:
         """Called once every sample is in the packer's hands: the server's own shutdown runs beside
         the last commit and the manifest (`stopping`, joined by the run before it reports its exit)."""
         if self.opts.launch:
-            self.stopping = self.server.stop_in_background()
+            self.stopping = self.server.stop_in_background(grace_s=self.opts.stop_grace_s)
 
     def __enter__(self) -> "SGLangBackend":
         return self
