@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from recipe.capture import records  # noqa: E402
 from recipe.packer import ShardAppender, check_planes, pack  # noqa: E402
+from recipe.packer.messages import PackTask  # noqa: E402
 from recipe.shards.codec import Codec, crc32, split_into  # noqa: E402
 
 
@@ -71,12 +72,14 @@ def main():
         for i in range(a.samples):
             records.write_record(dump, f"hsx-{i}", 0, ids, planes, True)
             tasks.append(
-                dict(
+                PackTask(
+                    tid=i,
+                    shard=str(shard),
                     n=T,
                     slots=S,
                     hidden=H,
                     n_slots=S,
-                    pieces=[(str(dump / records.record_name(f"hsx-{i}", 0)), T)],
+                    pieces=((str(dump / records.record_name(f"hsx-{i}", 0)), T),),
                     input_ids=ids,
                     loss_mask=np.ones(T, np.uint8),
                     meta={"id": str(i)},

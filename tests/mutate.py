@@ -40,7 +40,7 @@ MUTATIONS = {
         ["tests/test_pipeline.py::test_a_resume_with_nothing_to_do_loads_no_model"],
     ),
     "piece_rows_restart_at_zero": (
-        "recipe/packer.py",
+        "recipe/packer/worker.py",
         "yield row + r, block.reshape(k, slots, hidden)",
         "yield r, block.reshape(k, slots, hidden)",
         ["tests/test_guarantees.py::test_a_bad_value_in_any_piece_of_a_chunked_sample_is_refused"],
@@ -52,7 +52,7 @@ MUTATIONS = {
         ["tests/test_pipeline.py::test_a_batch_whose_forward_fails_is_counted_and_the_run_fails"],
     ),
     "slot_count_unchecked": (
-        "recipe/packer.py",
+        "recipe/packer/checks.py",
         "    if slots != n_slots:\n",
         "    if False:\n",
         ["tests/test_guarantees.py::test_a_dump_with_another_slot_count_is_refused_not_stored"],
@@ -140,13 +140,13 @@ MUTATIONS = {
         ["tests/test_sglang_backend.py::test_the_run_ends_without_waiting_on_the_servers_drain_and_after_the_server"],
     ),
     "progress_talks_before_the_capture": (  # "0 samples/s" and a compile note while the server starts
-        "recipe/packer.py",
+        "recipe/packer/progress.py",
         "        if not (self.capturing or force):\n            return\n",
         "",
         ["tests/test_pipeline.py::test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_sample"],
     ),
     "progress_counts_the_server_start": (
-        "recipe/packer.py",
+        "recipe/packer/progress.py",
         "        self.t0 = self.last = time.monotonic()\n        self.capturing = True\n",
         "        self.capturing = True\n",
         ["tests/test_pipeline.py::test_progress_counts_from_the_capture_start_and_gives_an_eta"],
@@ -212,19 +212,19 @@ MUTATIONS = {
         ["tests/test_roundtrip.py::test_both_plane_joins_give_the_stored_words"],
     ),
     "coverage_one_short": (
-        "recipe/packer.py",
+        "recipe/packer/scan.py",
         "if covered >= n and p.responded_at is not None:",
         "if covered >= n - 1 and p.responded_at is not None:",
         ["tests/test_guarantees.py::test_the_packer_waits_for_the_last_token_and_for_the_response"],
     ),
     "pack_before_response": (
-        "recipe/packer.py",
+        "recipe/packer/scan.py",
         "if covered >= n and p.responded_at is not None:",
         "if covered >= n:",
         ["tests/test_guarantees.py::test_the_packer_does_not_pack_before_the_response"],
     ),
     "inf_not_flagged": (
-        "recipe/packer.py",
+        "recipe/packer/checks.py",
         "if (lo[top] >= 0x80).any():",
         "if (lo[top] > 0x80).any():",
         ["tests/test_guarantees.py::test_bad_values_are_refused"],
@@ -278,7 +278,7 @@ MUTATIONS = {
         ["tests/test_guarantees.py::test_an_independent_reader_from_the_format_doc_decodes_the_shards"],
     ),
     "rollover_ignored": (
-        "recipe/packer.py",
+        "recipe/packer/pool.py",
         "if shard is None or shard[1] >= self.store.max_shard_bytes:",
         "if shard is None:",
         ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"],
@@ -363,13 +363,13 @@ MUTATIONS = {
         ["tests/test_kimi.py::test_multi_turn_masks_survive_a_template_that_drops_earlier_reasoning"],
     ),
     "refused_bytes_left_in_shard": (  # a sample refused after streaming keeps its bytes in the shard
-        "recipe/packer.py",
+        "recipe/packer/worker.py",
         "                if out.length:  # refused after streaming: its bytes leave the shard again",
         "                if False:",
         ["tests/test_roundtrip.py::test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_bytes"],
     ),
     "zero_slot_seen_in_first_block_only": (  # the low plane of later blocks never clears a zero slot
-        "recipe/packer.py",
+        "recipe/packer/checks.py",
         "        if zero.any():",
         "        if zero.any() and row == 0:",
         ["tests/test_roundtrip.py::test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_bytes"],

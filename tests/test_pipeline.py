@@ -54,7 +54,7 @@ def test_progress_counts_from_the_capture_start_and_gives_an_eta(monkeypatch):
     from recipe.packer import Progress
 
     clock = [100.0]
-    monkeypatch.setattr("recipe.packer.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("recipe.packer.progress.time.monotonic", lambda: clock[0])
     p = Progress(total=10, every_s=1e9)
     clock[0] += 200  # the server starting: not part of the rates
     p.start()
@@ -72,7 +72,7 @@ def test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_
     from recipe.packer import Progress
 
     clock = [100.0]
-    monkeypatch.setattr("recipe.packer.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("recipe.packer.progress.time.monotonic", lambda: clock[0])
     p = Progress(total=10, every_s=5)
     with caplog.at_level("INFO", logger="recipe.packer"):
         for _ in range(60):  # five minutes of a server starting

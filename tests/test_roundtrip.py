@@ -359,9 +359,9 @@ def test_values_are_checked_as_they_stream_past_and_a_refused_sample_leaves_no_b
     """The worker checks each read block of the planes on its way into the record (3 rows a block
     here, samples in 3 pieces): a NaN/Inf or an all-zero slot anywhere is found, a slot that is zero
     in some pieces only is not, and a refused sample's streamed bytes are cut off its shard again."""
-    import recipe.packer
+    import recipe.packer.worker
 
-    monkeypatch.setattr(recipe.packer, "BLOCK", 3 * 2 * 8)  # before the workers fork
+    monkeypatch.setattr(recipe.packer.worker, "BLOCK", 3 * 2 * 8)  # before the workers fork
     rng = np.random.default_rng(3)
     s = [mk_sample(i, 30, rng) for i in range(5)]
     H = [rng.integers(1, 30000, (30, 2, 8)).astype(np.uint16) for _ in s]

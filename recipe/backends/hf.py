@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..int4 import quantization_of, write_dequantized
+from ..schema import HFBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,11 @@ class HFBackend:
         model_dir,
         layers: list[int],
         final: bool,
-        device: str = "auto",
+        device: str = HFBackendConfig.device,  # defaults: the schema's, one home for each
         dtype: str = "bfloat16",
-        batch_tokens: int = 8192,
-        batch_size: int = 16,
-        attn_implementation: str | None = None,
+        batch_tokens: int = HFBackendConfig.batch_tokens,
+        batch_size: int = HFBackendConfig.batch_size,
+        attn_implementation: str | None = HFBackendConfig.attn_implementation,
         budget_bytes: int = 0,
     ):
         import torch
