@@ -12,6 +12,7 @@ makes the script fail loudly rather than test nothing) and is always reverted, e
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -560,8 +561,14 @@ def main() -> int:
             for path, text in originals.items():
                 path.write_text(text)
             build_c(originals)
-        caught = r.returncode not in (0, 5)
-        print(f"{'caught  ' if caught else 'SURVIVED'} {n:34s} {time.monotonic() - t0:6.1f} s", flush=True)
+        # caught: pytest ran and a test failed (or errored). A pytest that never ran (no pytest in
+        # this Python, a bad path) is no catch: it would make every mutation look caught.
+        ran = re.search(r"\d+ (failed|errors?)\b", r.stdout) is not None
+        caught = r.returncode in (1, 2) and ran
+        word = "caught  " if caught else ("SURVIVED" if r.returncode in (0, 5) else "NO RUN  ")
+        print(f"{word} {n:34s} {time.monotonic() - t0:6.1f} s", flush=True)
+        if word == "NO RUN  ":
+            print((r.stdout + r.stderr)[-400:], flush=True)
         if not caught:
             survived.append(n)
     print(f"{len(names) - len(survived)} caught, {len(survived)} survived" + (f": {survived}" if survived else ""))
