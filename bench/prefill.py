@@ -224,7 +224,7 @@ def arm(name, args, model_dir, samples, warm):
                 del be.server.env[k]
     if name == "capture":
         be.server.env["SGLANG_HS_NO_WRITE"] = "1"
-    stats_file = Path(args.work) / f"hook-stats-{name}.json"  # rank 0's timings (sglang_hook.Stats)
+    stats_file = Path(args.work) / f"hook-stats-{name}.json"  # rank 0's timings (recipe.capture.hookstats.Stats)
     stats_file.parent.mkdir(parents=True, exist_ok=True)
     stats_file.unlink(missing_ok=True)
     if name != "plain":

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from recipe.capture import records, sglang_hook  # noqa: E402
+from recipe.capture import records, settings, sglang_hook  # noqa: E402
 
 # The SGLang API the hook calls (sglang.srt.distributed): a single-rank server is rank 0 of 1.
 _dist = SimpleNamespace(
@@ -185,9 +185,9 @@ def main():
                 Path(marker).write_text("died")
                 # killed between reserving dump budget and releasing it: its claim (the whole budget)
                 # stays behind, and only the restart can clear it
-                claim = Path(os.environ[sglang_hook.ENV_DIR]) / f"{records.RESERVATION}{os.getpid()}-dead"
+                claim = Path(os.environ[settings.ENV_DIR]) / f"{records.RESERVATION}{os.getpid()}-dead"
                 claim.write_bytes(b"")
-                os.truncate(claim, int(os.environ[sglang_hook.ENV_BUDGET]))
+                os.truncate(claim, int(os.environ[settings.ENV_BUDGET]))
                 os._exit(17)
             if "hang_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
                 Path(marker).write_text("hung")

@@ -388,7 +388,7 @@ MUTATIONS = {
         ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
     ),
     "pool_buffer_back_before_written": (  # the next pass's copy overwrites a pass still being written
-        "recipe/capture/sglang_hook.py",
+        "recipe/capture/writer_threads.py",
         (
             "                t1 = time.perf_counter()\n",
             "            finally:  # written (or failed): nothing reads the buffer any more\n"
@@ -402,7 +402,7 @@ MUTATIONS = {
         ["tests/test_sglang_hook.py::test_a_pool_buffer_is_reused_only_after_its_pass_is_written"],
     ),
     "pool_pins_per_pass": (
-        "recipe/capture/sglang_hook.py",
+        "recipe/capture/hostcopy.py",
         "                if b.numel() >= nbytes:  # the smallest that fits",
         "                if False:  # the smallest that fits",
         ["tests/test_sglang_hook.py::test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass"],

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.capture import records, sglang_hook
+from recipe.capture import hostcopy, records, sglang_hook
+from recipe.capture.settings import HookSettings
 from recipe.capture.sglang_hook import DumpHook, install
 
 
@@ -41,8 +42,12 @@ def batch(mode, rids, ext, pre, orig=None, seed=0):
     return fb, final, aux
 
 
+def dump_hook(dump_dir, layers, final, prefix, budget, group, **kw):
+    return DumpHook(HookSettings(str(dump_dir), tuple(layers), final, prefix, budget, **kw), group=group)
+
+
 def hook(tmp_path, final=True, layers=LAYERS, group=(0, 1)):
-    return DumpHook(tmp_path, layers, final, "hsx-", 1 << 30, queue_size=2, group=lambda: group)
+    return dump_hook(tmp_path, layers, final, "hsx-", 1 << 30, queue_size=2, group=lambda: group)
 
 
 def dumped(tmp_path):
@@ -153,7 +158,7 @@ def test_over_several_nodes_only_the_packers_nodes_ranks_write(tmp_path):
     for rank in range(4):
         d = tmp_path / f"rank{rank}"
         d.mkdir()
-        hk = DumpHook(d, LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 4), share_ranks=2)
+        hk = dump_hook(d, LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 4), share_ranks=2)
         hk(fb, final, aux)
         hk.flush()
     assert not list((tmp_path / "rank2").iterdir()) and not list((tmp_path / "rank3").iterdir())
@@ -188,7 +193,7 @@ def test_the_trace_lists_what_each_writing_process_wrote(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     for rank in (0, 1):
-        hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 2), trace_dir=trace)
+        hk = dump_hook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda r=rank: (r, 2), trace_dir=trace)
         hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 5], orig=[3, 2, 9]))
         hk.flush()
     files = list(trace.iterdir())  # both ranks are this one process here
@@ -197,7 +202,7 @@ def test_the_trace_lists_what_each_writing_process_wrote(tmp_path):
 
 def test_install_sets_exact_layers_and_no_plus_one(tmp_path):
     model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
-    env = sglang_hook.env_for(tmp_path, [1, 31, 59], True, "hsx-", 1 << 20)
+    env = HookSettings(str(tmp_path), (1, 31, 59), True, "hsx-", 1 << 20).to_env()
     hk = install(model, env)
     assert model.capture_aux_hidden_states is True
     assert model.model.layers_to_capture == [1, 31, 59]  # set_eagle3_layers_to_capture would give [2, 32, 60]
@@ -208,7 +213,7 @@ def test_install_sets_exact_layers_and_no_plus_one(tmp_path):
 def test_install_refuses_layer_zero(tmp_path):
     model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
     with pytest.raises(ValueError, match="layer 0"):
-        install(model, sglang_hook.env_for(tmp_path, [0, 2], True, "hsx-", 1 << 20))
+        install(model, HookSettings(str(tmp_path), (0, 2), True, "hsx-", 1 << 20).to_env())
 
 
 def test_final_only_capture(tmp_path):
@@ -247,7 +252,7 @@ def test_padding_rows_are_ignored(tmp_path):
 def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path):
     """Pinning host memory holds the CUDA driver: the pool is filled once, on the server's own warm-up
     pass, and no pass after it allocates (passes shorter than the pool's size included)."""
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, group=lambda: (0, 1), pass_tokens=64)
+    hk = dump_hook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=2, group=lambda: (0, 1), pass_tokens=64)
     hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
     assert hk.stats.pin_allocs == hk.copy.pool.count == 5  # queue 2 + 2 writers' + the one being filled
     for i in range(12):
@@ -258,7 +263,7 @@ def test_pinned_buffers_are_taken_from_the_pool_not_allocated_per_pass(tmp_path)
 
 def test_the_pool_holds_the_largest_share_when_the_ranks_do_not_divide_the_pass(tmp_path):
     """Rank 2 of 3 gets rows 42-63 of a 64-token pass: 22 rows, more than a third of the pass's bytes."""
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, group=lambda: (2, 3), pass_tokens=64)
+    hk = dump_hook(tmp_path, LAYERS, True, "hsx-", 1 << 30, group=lambda: (2, 3), pass_tokens=64)
     hk(*batch(ForwardMode.EXTEND, ["0123456789abcdef0123456789abcdef"], [3], [0]))  # SGLang's warm-up
     fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a"], [64], [0], seed=5)
     hk(fb, final, aux)
@@ -268,7 +273,7 @@ def test_the_pool_holds_the_largest_share_when_the_ranks_do_not_divide_the_pass(
 
 
 def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stays_bounded(tmp_path):
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1), pass_tokens=8)
+    hk = dump_hook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1), pass_tokens=8)
     for i, n in enumerate([4, 40, 8, 400, 6]):
         fb, final, aux = batch(ForwardMode.EXTEND, [f"hsx-{i}"], [n], [0], seed=i)
         hk(fb, final, aux)
@@ -280,7 +285,7 @@ def test_a_pass_longer_than_the_pool_buffers_gets_a_larger_one_and_the_pool_stay
 def test_a_pool_buffer_is_reused_only_after_its_pass_is_written(tmp_path, monkeypatch):
     """The writer gives a buffer back only once its records are on disk: with a slow writer and a
     small pool, every later pass waits for a buffer rather than overwriting one still being written."""
-    hk = DumpHook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1))
+    hk = dump_hook(tmp_path, LAYERS, True, "hsx-", 1 << 30, queue_size=1, group=lambda: (0, 1))
     slow = hk.writer.write_pass
 
     def write_pass(*a, **k):
@@ -301,7 +306,7 @@ def test_a_pool_buffer_is_reused_only_after_its_pass_is_written(tmp_path, monkey
 
 
 def test_the_pool_waits_for_a_buffer_when_all_are_out():
-    pool = sglang_hook.PinnedPool(2)
+    pool = hostcopy.PinnedPool(2)
     a, _ = pool.take(10), pool.take(10)
     got = []
     t = threading.Thread(target=lambda: got.append(pool.take(10)))
@@ -316,8 +321,8 @@ def test_the_pool_waits_for_a_buffer_when_all_are_out():
 def test_the_stats_file_counts_what_was_written(tmp_path):
     (tmp_path / "dump").mkdir()
     stats = tmp_path / "stats.json"
-    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (0, 1), stats_path=stats)
-    hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: sglang_hook.allocator_counts, less its start
+    hk = dump_hook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (0, 1), stats_path=stats)
+    hk.thread.probe = lambda: {"device_allocs": 3}  # on CUDA: hookstats.allocator_counts, less its start
     hk(*batch(ForwardMode.EXTEND, ["hsx-a", "warmup", "hsx-b"], [3, 2, 4], [0, 0, 0]))
     hk(*batch(ForwardMode.EXTEND, ["hsx-c"], [6], [0]))
     hk.close()
@@ -331,7 +336,7 @@ def test_only_rank_0_writes_the_stats_file(tmp_path):
     """All ranks of a TP group get the same SGLANG_HS_STATS path: one rank's figures, not a mix."""
     (tmp_path / "dump").mkdir()
     stats = tmp_path / "stats.json"
-    hk = DumpHook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (1, 2), stats_path=stats)
+    hk = dump_hook(tmp_path / "dump", LAYERS, True, "hsx-", 1 << 30, group=lambda: (1, 2), stats_path=stats)
     hk(*batch(ForwardMode.EXTEND, ["hsx-a"], [9], [0]))
     hk.close()
     assert list((tmp_path / "dump").glob("*.hsr")) and not stats.exists()

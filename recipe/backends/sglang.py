@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 import httpx
 from omegaconf import OmegaConf
 
-from ..capture import records, sglang_hook
+from ..capture import records
+from ..capture.settings import HookSettings
 from ..errors import UserError
 from ..procs import die_with_parent
 from ..schema import ConfigError
@@ -120,19 +121,18 @@ def server_env(nccl, capture, dump_dir: Path, base=None, server=None) -> dict:
     (and from `server.args`, the most tokens a pass holds)."""
     env = dict(os.environ if base is None else base)
     env.update({k: str(v) for k, v in OmegaConf.to_container(nccl.env, resolve=True).items()})
-    env.update(
-        sglang_hook.env_for(
-            dump_dir,
-            list(capture.layers),
-            capture.final,
-            capture.rid_prefix,
-            int(capture.budget_gb * (1 << 30)),
-            capture.writer_queue,
-            _pass_tokens(server.args) if server is not None else 0,
-            capture.writer_threads,
-            _ranks_here(server.args) if server is not None else 0,
-        )
+    hook = HookSettings(
+        dump_dir=str(dump_dir),
+        layers=tuple(capture.layers),
+        final=capture.final,
+        rid_prefix=capture.rid_prefix,
+        budget_bytes=int(capture.budget_gb * (1 << 30)),
+        queue_size=capture.writer_queue,
+        pass_tokens=_pass_tokens(server.args) if server is not None else 0,
+        writers=capture.writer_threads,
+        share_ranks=_ranks_here(server.args) if server is not None else 0,
     )
+    env.update(hook.to_env())
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

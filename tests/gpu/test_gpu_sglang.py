@@ -29,7 +29,7 @@ import torch
 from conftest import compose
 
 from recipe.backends.sglang import Server, server_argv, server_env
-from recipe.capture import records, sglang_hook
+from recipe.capture import records, settings
 from recipe.main import RunFailed, run
 from recipe.shards import ShardReader
 from recipe.shards.__main__ import verify
@@ -124,7 +124,7 @@ class Running:
         self.url = f"http://127.0.0.1:{port}"
         self.log = WORK / f"server-{kind}-{port}.log"
         env = server_env(self.cfg.nccl, self.cfg.capture, self.dump, server=self.cfg.server)
-        env[sglang_hook.ENV_TRACE] = str(self.trace)
+        env[settings.ENV_TRACE] = str(self.trace)
         if FAKE:
             env["FAKE_SGLANG_MODE"] = fake_mode
         self.server = Server(
