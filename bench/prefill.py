@@ -243,7 +243,9 @@ def arm(name, args, model_dir, samples, warm):
         be.server.start()
         result["server_ready_s"] = round(be.server.wait_ready(), 1)
         be.opts.launch = False  # already up: run() must not start another
-        be.run(warm, NullPacker(), None, lambda s: f"warm-{s.id}")  # untimed; rid without the prefix: no dump
+        be.rid_prefix = "warm-"  # untimed; rid without the hook's prefix: no dump
+        be.run(warm, NullPacker())
+        be.rid_prefix = cfg.capture.rid_prefix
         out = Path(args.work) / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
         if name == "dump":
@@ -262,7 +264,7 @@ def arm(name, args, model_dir, samples, warm):
             packer = NullPacker()
         threading.Thread(target=watch, daemon=True).start()
         t0 = time.monotonic()
-        be.run(samples, packer, None, lambda s: f"hsx-{s.id}")
+        be.run(samples, packer)
         t_client = time.monotonic() - t0
         if name == "dump":
             result["tail"] = tail(packer, t0 + t_client)

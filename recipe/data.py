@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -54,13 +55,13 @@ class DataError(UserError, RuntimeError):
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
     id: str  # content hash of the conversation: stable across runs, machines and job splits
     input_ids: np.ndarray  # int32 [T]
     loss_mask: np.ndarray  # uint8 [T]: 1 on tokens the draft is trained to predict (assistant turns)
     source: str  # "file:line"
-    key: str = ""  # resume key: hash of (model, capture, token ids)
+    key: str = ""  # resume key: hash of (model, capture, token ids), set by build_plan's key_of
     truncated: bool = False
 
 
@@ -309,10 +310,31 @@ def tokenize_by_pieces(tokenizer, text: str, spans) -> tuple[np.ndarray, np.ndar
     return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
 
 
-def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
+def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0, key_of=None) -> Plan:
+    """Every record of every source read, rendered and tokenized, each a Sample (with its resume key,
+    key_of(input_ids), when given) or a counted skip."""
     plan = Plan()
-    seen: set[str] = set()
+    seen_ids: set[str] = set()
     seen_tokens: dict[bytes, str] = {}  # records that differ only in what the template does not render
+    for where, rec in my_records(data_cfg, plan, log_every_s):
+        try:
+            s = to_sample(rec, where, tokenizer, data_cfg, seen_ids, seen_tokens)
+        except BadRecord as e:
+            plan.skip(e.reason, where, str(e))
+            continue
+        except Exception as e:  # no input may crash the plan: anything unforeseen is a counted skip
+            plan.skip("unreadable_record", where, f"{type(e).__name__}: {str(e)[:200]}")
+            continue
+        seen_ids.add(s.id)
+        plan.samples.append(dataclasses.replace(s, key=key_of(s.input_ids)) if key_of else s)
+    check_plan(plan, data_cfg)
+    return plan
+
+
+def my_records(data_cfg, plan: Plan, log_every_s: float):
+    """(where, record) of every source in order, this job's share of them (data.shard_index of
+    data.num_shards, by position over all sources) up to data.limit; counts plan.input and says how
+    far it got every log_every_s (tokenizing a large file takes minutes)."""
     t0 = last = time.monotonic()
     index = 0  # position over all records of all sources: decides limit and job split
     for src in data_cfg.sources:
@@ -320,56 +342,48 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
         plan.sources.append({"source": src, "path": str(path), "sha256": file_sha256(path)})
         for where, rec in iter_records(path, Path(src).name):
             if data_cfg.limit is not None and index >= data_cfg.limit:
-                break
+                return
             mine = index % data_cfg.num_shards == data_cfg.shard_index
             index += 1
             if not mine:
                 continue
             plan.input += 1
-            if time.monotonic() - last > log_every_s:  # tokenizing a large file takes minutes
+            if time.monotonic() - last > log_every_s:
                 last = time.monotonic()
-                log.info(
-                    "reading %s: %d records (%.0f/s), %d samples",
-                    src,
-                    plan.input,
-                    plan.input / (last - t0),
-                    len(plan.samples),
-                )
-            try:
-                if isinstance(rec, BadRecord):
-                    raise rec
-                msgs = to_messages(rec)
-                sid = sample_id(msgs)
-                if sid in seen:
-                    raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
-                try:
-                    ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
-                except BadRecord:
-                    raise
-                except Exception as e:  # a template that cannot render this conversation
-                    raise BadRecord("template_error", f"{type(e).__name__}: {e}") from None
-                truncated = len(ids) > data_cfg.max_length
-                if truncated:
-                    if data_cfg.overflow == "skip":
-                        raise BadRecord("too_long", f"{len(ids)} > max_length {data_cfg.max_length}")
-                    ids, mask = ids[: data_cfg.max_length], mask[: data_cfg.max_length]
-                if not mask.any():
-                    raise BadRecord(
-                        "no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else "")
-                    )
-                same = seen_tokens.setdefault(hashlib.sha256(ids.tobytes()).digest(), sid)
-                if same != sid:
-                    raise BadRecord("duplicate", f"the same tokens as an earlier record (id {same})")
-            except BadRecord as e:
-                plan.skip(e.reason, where, str(e))
-                continue
-            except Exception as e:  # no input may crash the plan: anything unforeseen is a counted skip
-                plan.skip("unreadable_record", where, f"{type(e).__name__}: {str(e)[:200]}")
-                continue
-            seen.add(sid)
-            plan.samples.append(Sample(sid, ids, mask, where, truncated=truncated))
-        if data_cfg.limit is not None and index >= data_cfg.limit:
-            break
+                rate = plan.input / (last - t0)
+                log.info("reading %s: %d records (%.0f/s), %d samples", src, plan.input, rate, len(plan.samples))
+            yield where, rec
+
+
+def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: dict) -> Sample:
+    """One record as a Sample, or the BadRecord that says why it is skipped."""
+    if isinstance(rec, BadRecord):
+        raise rec
+    msgs = to_messages(rec)
+    sid = sample_id(msgs)
+    if sid in seen_ids:
+        raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
+    try:
+        ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
+    except BadRecord:
+        raise
+    except Exception as e:  # a template that cannot render this conversation
+        raise BadRecord("template_error", f"{type(e).__name__}: {e}") from None
+    truncated = len(ids) > data_cfg.max_length
+    if truncated:
+        if data_cfg.overflow == "skip":
+            raise BadRecord("too_long", f"{len(ids)} > max_length {data_cfg.max_length}")
+        ids, mask = ids[: data_cfg.max_length], mask[: data_cfg.max_length]
+    if not mask.any():
+        raise BadRecord("no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else ""))
+    same = seen_tokens.setdefault(hashlib.sha256(ids.tobytes()).digest(), sid)
+    if same != sid:
+        raise BadRecord("duplicate", f"the same tokens as an earlier record (id {same})")
+    return Sample(sid, ids, mask, where, truncated=truncated)
+
+
+def check_plan(plan: Plan, data_cfg) -> None:
+    """No input, no valid record, or more invalid ones than data.max_failures allows: a DataError."""
     if plan.input == 0:
         raise DataError(
             f"no input records in {', '.join(map(str, data_cfg.sources))}"
@@ -386,7 +400,6 @@ def build_plan(data_cfg, tokenizer, log_every_s: float = 10.0) -> Plan:
         raise DataError(
             f"{invalid} of {plan.input} input records are invalid (data.max_failures={data_cfg.max_failures}):\n{lines}"
         )
-    return plan
 
 
 def failure_limit(max_failures: float, n_input: int) -> float:

@@ -28,7 +28,6 @@ from omegaconf import DictConfig, OmegaConf
 from . import preflight, schema, units
 from .backends import make_backend
 from .capture.dumpdir import dump_dir as owned_dump_dir
-from .capture.writer import CaptureWriter
 from .data import Plan, build_plan, sample_key
 from .errors import ModelDirError, OutputDirError, UserError
 from .packer import Packer, Progress
@@ -113,11 +112,9 @@ def plan(cfg) -> Job:
     if not getattr(tokenizer, "chat_template", None):
         raise ModelDirError(f"{model_dir} has no chat template: the loss mask needs one")
     t0 = time.monotonic()
-    the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s)
-    log.info("read and tokenized %d records in %.1f s", the_plan.input, time.monotonic() - t0)
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)
-    for s in the_plan.samples:
-        s.key = sample_key(fp, cap, s.input_ids)
+    the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s, key_of=lambda ids: sample_key(fp, cap, ids))
+    log.info("read and tokenized %d records in %.1f s", the_plan.input, time.monotonic() - t0)
     model = {
         "name": cfg.model.name,
         "path": str(model_dir),
@@ -227,9 +224,8 @@ def capture(cfg, job: Job) -> Captured:
             commit_every=cfg.shards.commit_every,
             progress=progress,
         ) as packer:
-            writer = CaptureWriter(dump_dir, budget, cfg.capture.rid_prefix)
             try:
-                stopping = compute(cfg, job, dump_dir, packer, writer, stop)
+                stopping = compute(cfg, job, dump_dir, packer, stop)
                 if stop.is_set():
                     interrupted = "interrupted by a signal"
             except KeyboardInterrupt:
@@ -244,13 +240,13 @@ def capture(cfg, job: Job) -> Captured:
     return Captured(packer, progress, started, interrupted, stopping)
 
 
-def compute(cfg, job: Job, dump_dir: Path, packer: Packer, writer, stop) -> threading.Thread | None:
+def compute(cfg, job: Job, dump_dir: Path, packer: Packer, stop) -> threading.Thread | None:
     """The backend computes what is still to do while the packer stores it; returns the launched
     server's shutdown, begun as the backend closed. Nothing to do: no model loaded, no server started."""
     if not job.todo:
         return None
     with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
-        backend.run(job.todo, packer, writer, lambda s: f"{cfg.capture.rid_prefix}{s.id}", should_stop=stop.is_set)
+        backend.run(job.todo, packer, should_stop=stop.is_set)
         packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
     return getattr(backend, "stopping", None)  # set by its close(), just now
 

@@ -48,7 +48,7 @@ MUTATIONS = {
     ),
     "forward_error_not_counted": (
         "recipe/backends/hf.py",
-        'packer.fail(rid, f"forward_error: {type(e).__name__}: {e}")',
+        'sink.fail(rid, f"forward_error: {type(e).__name__}: {e}")',
         "pass",
         ["tests/test_pipeline.py::test_a_batch_whose_forward_fails_is_counted_and_the_run_fails"],
     ),

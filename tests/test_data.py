@@ -176,6 +176,22 @@ def test_records_that_differ_only_in_reasoning_are_distinct_samples_or_a_counted
     assert "the same tokens as an earlier record" in plan.examples["duplicate"][0]
 
 
+def test_samples_are_frozen_with_their_resume_key_set_as_they_are_built(tmp_path):
+    import dataclasses
+
+    p = tmp_path / "d.jsonl"
+    p.write_text(
+        "".join(
+            json.dumps({"messages": CONV[:3] + [{"role": "user", "content": str(i)}] + CONV[3:]}) + "\n"
+            for i in range(3)
+        )
+    )
+    plan = data.build_plan(dcfg(sources=[str(p)]), make_tokenizer(), key_of=lambda ids: f"k{len(ids)}-{ids[-1]}")
+    assert [s.key for s in plan.samples] == [f"k{len(s.input_ids)}-{s.input_ids[-1]}" for s in plan.samples]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.samples[0].key = "another"
+
+
 def test_roles_case_insensitive_and_bom(tmp_path):
     rows = [
         {"messages": [{"role": "User", "content": "a"}, {"role": "ASSISTANT", "content": "b"}]},

@@ -1,11 +1,13 @@
 """Backends compute the hidden states. `make_backend` picks one by `backend.name` from REGISTRY:
 
     with make_backend(cfg, model_dir, dump_dir, output_dir) as backend:
-        backend.run(samples, packer, writer, rid_of, should_stop)
+        backend.run(samples, packer, should_stop)
 
-`run` announces every sample to the packer (`expect`), has its states written through the capture
-writer into the dump directory, and tells the packer when each response arrived (`responded`) or
-failed (`fail`); leaving the block releases the model or stops the server.
+`run` announces every sample to the sink (the packer: `expect`, under the rid `capture.rid_prefix` +
+sample id), has its states written into the dump directory (the server's hook, or the HF backend
+through the same capture writer), and tells the sink when each response arrived (`responded`) or
+failed (`fail`, `forget` for a superseded attempt); leaving the block releases the model or stops
+the server.
 
 A registry rather than `_target_` nodes: the set is closed (each backend needs its own code path in
 the hook and the tests), the name is what users type (`backend=sglang`), and the table below says in
@@ -16,14 +18,28 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
+
+
+class Sink(Protocol):
+    """What a backend reports to (recipe.packer.Packer)."""
+
+    progress: Any  # .start(): the capture begins (model loaded, server ready)
+
+    def expect(self, rid: str, sample) -> None: ...
+
+    def responded(self, rid: str) -> None: ...
+
+    def fail(self, rid: str, reason: str) -> None: ...
+
+    def forget(self, rid: str) -> None: ...
 
 
 class Backend(Protocol):
     @classmethod
     def from_config(cls, model_dir: Path, dump_dir: Path, output_dir: Path, **nodes) -> "Backend": ...
 
-    def run(self, samples: Iterable, packer, writer, rid_of: Callable, should_stop: Callable[[], bool]) -> None: ...
+    def run(self, samples: Iterable, sink: Sink, should_stop: Callable[[], bool]) -> None: ...
 
     def close(self) -> None: ...
 

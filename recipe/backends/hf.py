@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..capture.writer import CaptureWriter
 from ..int4 import quantization_of, write_dequantized
-from ..schema import HFBackendConfig
+from ..schema import CaptureConfig, HFBackendConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class HFBackend:
         batch_size: int = HFBackendConfig.batch_size,
         attn_implementation: str | None = HFBackendConfig.attn_implementation,
         budget_bytes: int = 0,
+        dump_dir=None,  # where run() writes each batch (as the server would); None: hidden_states() only
+        rid_prefix: str = CaptureConfig.rid_prefix,
     ):
         import torch
 
@@ -111,11 +114,13 @@ class HFBackend:
         per_token = (len(self.layers) + int(final)) * self.model.config.hidden_size * 2 + 5
         if budget_bytes:
             self.batch_tokens = max(1, min(batch_tokens, budget_bytes // per_token))
+        self.rid_prefix = rid_prefix
+        self.writer = CaptureWriter(dump_dir, budget_bytes or 1 << 62, rid_prefix) if dump_dir is not None else None
 
     @classmethod
     def from_config(cls, model_dir, dump_dir, output_dir, *, backend, capture, model) -> "HFBackend":
-        """Reads the `backend`, `capture` and `model` nodes; writes through the recipe's writer, so the
-        dump and output folders are not its concern."""
+        """Reads the `backend`, `capture` and `model` nodes; writes into the dump folder through the
+        capture writer, as the server's hook does (the output folder is not its concern)."""
         return cls(
             model_dir,
             list(capture.layers),
@@ -126,6 +131,8 @@ class HFBackend:
             batch_size=backend.batch_size,
             attn_implementation=backend.attn_implementation,
             budget_bytes=int(capture.budget_gb * (1 << 30)),
+            dump_dir=dump_dir,
+            rid_prefix=capture.rid_prefix,
         )
 
     def __enter__(self) -> "HFBackend":
@@ -159,24 +166,26 @@ class HFBackend:
         stacked = torch.stack(picks, dim=2)  # [B, T, slots, H]
         return [stacked[i, : lens[i]].to("cpu") for i in range(len(lens))]
 
-    def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
-        packer.progress.start()  # the model is loaded: rates count the capture
+    def run(self, samples, sink, should_stop=lambda: False) -> None:
+        if self.writer is None:
+            raise RuntimeError("HFBackend.run needs dump_dir: it writes each batch there as the server would")
+        sink.progress.start()  # the model is loaded: rates count the capture
         for batch in batches(samples, self.batch_tokens, self.batch_size):
             if should_stop():
                 return
-            rids = [rid_of(s) for s in batch]
+            rids = [f"{self.rid_prefix}{s.id}" for s in batch]
             for rid, s in zip(rids, batch):
-                packer.expect(rid, s)
+                sink.expect(rid, s)
             try:
                 rows = self.hidden_states([s.input_ids for s in batch])
             except Exception as e:  # e.g. OOM on one batch: its samples fail, the run goes on
                 log.exception("forward failed for a batch of %d", len(batch))
                 for rid in rids:
-                    packer.fail(rid, f"forward_error: {type(e).__name__}: {e}")
+                    sink.fail(rid, f"forward_error: {type(e).__name__}: {e}")
                 continue
             lens = [len(s.input_ids) for s in batch]
             # one pass, rows concatenated in request order: exactly how an SGLang EXTEND batch arrives
-            writer.write_pass(
+            self.writer.write_pass(
                 rids,
                 [0] * len(batch),
                 lens,
@@ -185,7 +194,7 @@ class HFBackend:
                 lasts=[True] * len(batch),
             )
             for rid in rids:
-                packer.responded(rid)
+                sink.responded(rid)
 
     def close(self) -> None:
         self.model = None

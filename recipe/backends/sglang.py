@@ -291,7 +291,7 @@ class SGLangBackend:
         self, model_dir: Path, dump_dir: Path, output_dir: Path, *, server, client, capture, nccl, run_dir=None
     ):
         self.opts, self.client = server, client
-        self.dump_dir = dump_dir
+        self.dump_dir, self.rid_prefix = dump_dir, capture.rid_prefix  # the hook dumps requests with this prefix
         self.url = f"http://{server.host}:{server.port}"
         run_dir = Path(run_dir or hydra_run_dir() or Path(output_dir) / "logs")
         self.server = Server(
@@ -311,12 +311,12 @@ class SGLangBackend:
     def from_config(cls, model_dir, dump_dir, output_dir, *, server, client, capture, nccl) -> "SGLangBackend":
         return cls(model_dir, dump_dir, output_dir, server=server, client=client, capture=capture, nccl=nccl)
 
-    def run(self, samples, packer, writer, rid_of, should_stop=lambda: False) -> None:
+    def run(self, samples, sink, should_stop=lambda: False) -> None:
         if self.opts.launch:
             self.server.start()
         self.server.wait_ready()
-        packer.progress.start()  # rates count the capture, not the server's start
-        asyncio.run(self._send_all(samples, packer, rid_of, should_stop))
+        sink.progress.start()  # rates count the capture, not the server's start
+        asyncio.run(self._send_all(samples, sink, should_stop))
 
     def close(self) -> None:
         """Called once every sample is in the packer's hands: the server's own shutdown runs beside
@@ -331,7 +331,7 @@ class SGLangBackend:
         self.close()
 
     # -- client --------------------------------------------------------------------------------
-    async def _send_all(self, samples, packer, rid_of, should_stop) -> None:
+    async def _send_all(self, samples, packer, should_stop) -> None:
         c = self.client
         self._restart_lock = asyncio.Lock()
         sem = asyncio.Semaphore(c.concurrency)
@@ -344,7 +344,7 @@ class SGLangBackend:
                     s = queue.popleft()
                     async with sem:
                         await self._wait_budget()
-                        await self._one(http, s, packer, rid_of)
+                        await self._one(http, s, packer)
 
             watchdog = asyncio.create_task(self._watchdog(http)) if self.opts.launch else None
             try:
@@ -383,9 +383,9 @@ class SGLangBackend:
             await asyncio.sleep(0.05)
         self.stats["budget_wait_s"] += time.monotonic() - t0
 
-    async def _one(self, http, s, packer, rid_of) -> None:
+    async def _one(self, http, s, packer) -> None:
         c = self.client
-        base = rid_of(s)
+        base = f"{self.rid_prefix}{s.id}"
         for attempt in range(c.retries + 1):
             rid = base if attempt == 0 else f"{base}-r{attempt}"
             packer.expect(rid, s)
