@@ -290,5 +290,5 @@ def register() -> None:
             OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    for name, node in BACKENDS.items():
-        cs.store(group="backend", name=f"{name.value}_schema", node=node)
+    for name, node in BACKENDS.items():  # outside any group: --help lists groups' options only
+        cs.store(name=f"backend_{name.value}_schema", node=node)

@@ -67,3 +67,10 @@ def test_a_failure_inside_the_packer_ends_the_process_with_one_line(tmp_path):
     )
     said = r.stdout + r.stderr
     assert r.returncode == 2 and "Traceback" not in said and f"{out / 'shards' / 'NEXT'} is damaged" in said, said
+
+
+def test_help_lists_the_groups_options_and_not_the_internal_schemas(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "recipe", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "backend: hf, sglang\n" in r.stdout and "_schema" not in r.stdout
+    assert "experiment: cpu, kimi-k2.5, llama-3.1-8b, tiny-sglang" in r.stdout

@@ -353,8 +353,19 @@ def test_merge_refuses_sets_whose_samples_differ_as_resume_would(tmp_path, setti
 
     run(cfg(tmp_path / "a", limit=2))
     run(cfg(tmp_path / "b", setting, limit=2))
-    with pytest.raises(MergeError, match=setting.split("=")[0].split(".")[-1]):
+    with pytest.raises(MergeError, match=setting.split("=")[0].split(".")[-1]) as e:
         merge(tmp_path / "m", [tmp_path / "a" / "out", tmp_path / "b" / "out"])
+    assert "this run" not in str(e.value) and f"{tmp_path / 'b' / 'out'}:" in str(e.value)  # each set named
+
+
+def test_a_users_own_run_folder_beside_the_dumps_is_left_alone(tmp_path):
+    """Abandoned dump folders are looked for only in this user's own `user-<uid>` folder: a `run-*`
+    folder of the user's in a custom capture.dump_dir is not the recipe's to remove."""
+    mine = tmp_path / "shm" / "run-mine"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep")
+    run(cfg(tmp_path, limit=2))
+    assert (mine / "notes.txt").read_text() == "keep"
 
 
 def test_merge_keeps_each_sample_id_once(tmp_path):

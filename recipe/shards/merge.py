@@ -56,11 +56,9 @@ def merge(out, inputs) -> dict:
     first = manifests[0]
     want = sample_identity(inputs[0], first)
     for d, m in zip(inputs[1:], manifests[1:]):
-        diff = identity_diff(want, sample_identity(d, m))
+        diff = identity_diff(want, sample_identity(d, m), names=(f"{inputs[0]}:", f"{d}:"))
         if diff:
-            raise MergeError(
-                f"{d} and {inputs[0]} hold different samples (on disk = the first set):\n  " + "\n  ".join(diff)
-            )
+            raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     records, seen, duplicates = [], set(), []
     for k, d in enumerate(inputs):

@@ -38,15 +38,16 @@ class ProvenanceMismatch(UserError, RuntimeError):
     pass
 
 
-def identity_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Human-readable differences between two identities, one 'key: on disk X, this run Y' each."""
+def identity_diff(old: dict, new: dict, prefix: str = "", names=("on disk", "this run")) -> list[str]:
+    """Human-readable differences between two identities, one 'key: on disk X, this run Y' each
+    (`names`: what old and new are)."""
     out = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += identity_diff(a, b, f"{prefix}{k}.")
+            out += identity_diff(a, b, f"{prefix}{k}.", names)
         elif a != b:
-            out.append(f"{prefix}{k}: on disk {json.dumps(a)}, this run {json.dumps(b)}")
+            out.append(f"{prefix}{k}: {names[0]} {json.dumps(a)}, {names[1]} {json.dumps(b)}")
     return out
 
 
