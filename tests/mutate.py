@@ -491,6 +491,18 @@ MUTATIONS = {
         "        while self.outstanding():\n            if False:\n",
         ["tests/test_shutdown.py::test_a_failure_in_any_packer_stage_ends_the_process[worker_bug]"],
     ),
+    "resume_opens_new_shards": (  # every resume starts a new file per worker, even to redo one sample
+        "recipe/shards/store.py",
+        "return self._reusable.pop(0) if self._reusable else (self.new_shard_path(), 0)",
+        "return (self.new_shard_path(), 0)",
+        ["tests/test_integrity.py::test_a_resume_appends_to_the_sets_open_shards_rather_than_starting_new_files"],
+    ),
+    "resume_appends_to_a_left_shard": (  # bytes the repair could not prove were left: appending buries them
+        "recipe/shards/store.py",
+        "if f.name not in left and size == ends.get(f.name, 0) and size < self.max_shard_bytes:",
+        "if size < self.max_shard_bytes:",
+        ["tests/test_integrity.py::test_a_resume_never_appends_to_a_shard_whose_tail_it_left_alone"],
+    ),
     "backend_gets_whole_config": (  # the registry hands a backend more than its own nodes
         "recipe/backends/__init__.py",
         "**{n: cfg[n] for n in nodes}",

@@ -597,3 +597,29 @@ def as_user(uid, fn):
         out = f.read()
     os.waitpid(pid, 0)
     return json.loads(out)
+
+
+def test_a_resume_appends_to_the_sets_open_shards_rather_than_starting_new_files(tmp_path):
+    """Redoing a few samples does not open a new shard per worker: each writer continues a shard of
+    the set that ends on a whole record and has room (one writer per file)."""
+    run(cfg(tmp_path, "shards.workers=2", limit=6))
+    before = sorted(p.name for p in (tmp_path / "out" / "shards").glob("shard-*.bin"))
+    counts = run(cfg(tmp_path, "shards.workers=2", limit=9))
+    after = sorted(p.name for p in (tmp_path / "out" / "shards").glob("shard-*.bin"))
+    assert counts["ok_this_run"] == 3 and after == before
+    reader = ShardReader(tmp_path / "out")
+    assert len(reader) == 9 and {r["shard"] for r in reader.records} <= set(before)
+    assert verify(tmp_path / "out") == []
+
+
+def test_a_resume_never_appends_to_a_shard_whose_tail_it_left_alone(tmp_path):
+    """Bytes after a shard's last record that are not a record are left as they are (not provably
+    the recipe's to cut); new samples then go to a new shard, never after those bytes."""
+    run(cfg(tmp_path, "shards.workers=1", limit=4))
+    (shard,) = (tmp_path / "out" / "shards").glob("shard-*.bin")
+    with open(shard, "ab") as f:
+        f.write(b"not a record")
+    size = shard.stat().st_size
+    counts = run(cfg(tmp_path, "shards.workers=1", limit=6))
+    assert counts["ok_this_run"] == 2 and shard.stat().st_size == size
+    assert len(ShardReader(tmp_path / "out")) == 6

@@ -43,7 +43,7 @@ class WorkerPool:
     def shard_for(self, w: int) -> str:
         shard = self.shards.get(w)
         if shard is None or shard[1] >= self.store.max_shard_bytes:
-            shard = self.shards[w] = [self.store.new_shard_path(), 0]
+            shard = self.shards[w] = list(self.store.take_shard())
         return str(shard[0])
 
     def submit(self, w: int, task: PackTask) -> None:

@@ -171,6 +171,7 @@ class ShardStore:
         self._repair_shards(deep_check)
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
+        self._reusable = self._open_tails()
         self._pending: list[dict] = []
         self._index = open(self.root / INDEX, "ab", buffering=0)  # no buffer that could replay a failed append
         self._shard = None  # the store's own shard, opened by the first append()
@@ -223,6 +224,26 @@ class ShardStore:
     def _shard_names(self) -> list[str]:
         disk = [f.name for f in (self.root / SHARD_DIR).glob("shard-*.bin")]
         return sorted(set(disk) | {r["shard"] for r in self.records}, key=shard_number)
+
+    def _open_tails(self) -> list[tuple[Path, int]]:
+        """(shard, size) a resume appends to rather than starting new files: each ends exactly where
+        its last kept record ends (the repair cut any uncommitted tail) and has room; none the repair
+        left alone."""
+        ends: dict[str, int] = {}
+        for r in self.records:
+            ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
+        left = {name for name, _ in self.left}
+        out = []
+        for f in sorted((self.root / SHARD_DIR).glob("shard-*.bin"), key=lambda f: shard_number(f.name)):
+            size = f.stat().st_size
+            if f.name not in left and size == ends.get(f.name, 0) and size < self.max_shard_bytes:
+                out.append((f, size))
+        return out
+
+    def take_shard(self) -> tuple[Path, int]:
+        """A shard for one writer to append to, and its size: an open tail of this set first, each
+        handed out once (no two writers ever share a file), then a new one."""
+        return self._reusable.pop(0) if self._reusable else (self.new_shard_path(), 0)
 
     def new_shard_path(self) -> Path:
         """Numbered past every shard name on disk, in the index and ever handed out (shards/NEXT,
