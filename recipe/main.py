@@ -98,19 +98,7 @@ def plan(cfg) -> Job:
     check_output_dir(out)
     model_dir = resolve_model_path(cfg.model.path)
     read_model_shape(cfg, model_dir)
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    except ValueError as e:
-        if "trust_remote_code" not in str(e) or cfg.model.trust_remote_code:
-            raise
-        raise schema.ConfigError(
-            f"the tokenizer in {model_dir} is remote code (auto_map in tokenizer_config.json): "
-            "set model.trust_remote_code=true after reading its *.py files"
-        ) from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelDirError(f"{model_dir} has no chat template: the loss mask needs one")
+    tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
     t0 = time.monotonic()
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)
     the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s, key_of=lambda ids: sample_key(fp, cap, ids))
@@ -130,16 +118,7 @@ def plan(cfg) -> Job:
     )
     with contextlib.ExitStack() as on_error:
         on_error.callback(store.close)
-        for name, dropped in store.repaired:
-            log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
-        for name, why in store.left:
-            log.warning("resume: %s left as it is (%s); new samples go to new shards", name, why)
-        if store.lost:
-            log.warning(
-                "resume: %d index lines dropped (damaged, gone or listed twice); what is not stored is redone: %s",
-                len(store.lost),
-                "; ".join(f"{i} ({why})" for i, why in store.lost[:5]) + (" ..." if len(store.lost) > 5 else ""),
-            )
+        log_repairs(store)
         todo = [s for s in the_plan.samples if s.key not in store.keys]
         log.info(
             "plan: %d input records -> %d samples (%d tokens), %d already stored, %d to do; skipped %s",
@@ -155,6 +134,38 @@ def plan(cfg) -> Job:
         )
         on_error.pop_all()
     return Job(model_dir, the_plan, todo, store, cap["slots"])
+
+
+def load_tokenizer(model_dir: Path, trust_remote_code: bool):
+    """The model's tokenizer, which must carry a chat template (the loss mask comes from it)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e) or trust_remote_code:
+            raise
+        raise schema.ConfigError(
+            f"the tokenizer in {model_dir} is remote code (auto_map in tokenizer_config.json): "
+            "set model.trust_remote_code=true after reading its *.py files"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelDirError(f"{model_dir} has no chat template: the loss mask needs one")
+    return tokenizer
+
+
+def log_repairs(store: ShardStore) -> None:
+    """What opening the set for a resume cut, left alone or dropped (then redone)."""
+    for name, dropped in store.repaired:
+        log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
+    for name, why in store.left:
+        log.warning("resume: %s left as it is (%s); new samples go to new shards", name, why)
+    if store.lost:
+        log.warning(
+            "resume: %d index lines dropped (damaged, gone or listed twice); what is not stored is redone: %s",
+            len(store.lost),
+            "; ".join(f"{i} ({why})" for i, why in store.lost[:5]) + (" ..." if len(store.lost) > 5 else ""),
+        )
 
 
 def log_folders(cfg) -> None:
@@ -308,27 +319,7 @@ def graceful_stop(stop: threading.Event):
 def finish(cfg, job: Job, cap: Captured) -> dict:
     """Write the manifest, print the accounting, and turn failures into a non-zero exit."""
     packer, the_plan = cap.packer, job.plan
-    already = len(the_plan.samples) - len(job.todo)
-    not_done = len(job.todo) - packer.ok - sum(packer.failed.values())
-    counts = {
-        "input": the_plan.input,
-        "ok": already + packer.ok,
-        "ok_this_run": packer.ok,
-        "already_stored": already,
-        "skipped": dict(the_plan.skipped),
-        "failed": dict(packer.failed),
-        "not_done": not_done,
-        # the set on disk, which a narrower resume (data.limit, fewer sources) does not shrink
-        "stored_total": len(job.store.records),
-        "stored_outside_this_input": len(job.store.records) - already - packer.ok,
-    }
-    if counts["stored_outside_this_input"]:
-        log.warning(
-            "the set holds %d samples outside this run's input (a smaller data.limit or other sources): "
-            "the counts describe this input, stored_total the whole set (%d)",
-            counts["stored_outside_this_input"],
-            counts["stored_total"],
-        )
+    counts = accounting(job, packer)
     fields = {
         "versions": versions(),
         "data": {
@@ -359,22 +350,50 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         manifest = None
         cap.interrupted = cap.interrupted or f"output disk full ({e}) while writing the manifest"
     print_summary(Path(cfg.output_dir), counts, the_plan, packer, manifest)
+    fail_unless_whole(cfg, counts, cap)
+    return counts
+
+
+def accounting(job: Job, packer) -> dict:
+    """input = ok + skipped + failed + not done, for this run's input; stored_total for the set."""
+    already = len(job.plan.samples) - len(job.todo)
+    counts = {
+        "input": job.plan.input,
+        "ok": already + packer.ok,
+        "ok_this_run": packer.ok,
+        "already_stored": already,
+        "skipped": dict(job.plan.skipped),
+        "failed": dict(packer.failed),
+        "not_done": len(job.todo) - packer.ok - sum(packer.failed.values()),
+        # the set on disk, which a narrower resume (data.limit, fewer sources) does not shrink
+        "stored_total": len(job.store.records),
+        "stored_outside_this_input": len(job.store.records) - already - packer.ok,
+    }
+    if counts["stored_outside_this_input"]:
+        log.warning(
+            "the set holds %d samples outside this run's input (a smaller data.limit or other sources): "
+            "the counts describe this input, stored_total the whole set (%d)",
+            counts["stored_outside_this_input"],
+            counts["stored_total"],
+        )
+    return counts
+
+
+def fail_unless_whole(cfg, counts: dict, cap: Captured) -> None:
+    """A stop, a failed sample or one neither stored nor failed: RunFailed (a non-zero exit)."""
+    not_done, failed = counts["not_done"], counts["failed"]
     if cap.interrupted:
         raise RunFailed(
             f"{cap.interrupted}: {not_done} samples not done; run the same command again to resume: "
             f"{resume_command(cfg)}"
         )
-    if packer.failed:
-        raise RunFailed(
-            f"{sum(packer.failed.values())} samples failed: {dict(packer.failed)} "
-            f"(details in {cfg.output_dir}/manifest.json)"
-        )
+    if failed:
+        raise RunFailed(f"{sum(failed.values())} samples failed: {failed} (details in {cfg.output_dir}/manifest.json)")
     if not_done:  # neither stored nor failed, with no stop asked for: never a silent success
         raise RunFailed(
             f"{not_done} samples were neither stored nor failed; run the same command again to resume: "
             f"{resume_command(cfg)}"
         )
-    return counts
 
 
 def resume_command(cfg) -> str:

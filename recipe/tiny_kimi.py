@@ -130,8 +130,7 @@ def vision_weights(text_hidden: int, seed: int = 1) -> dict:
 
 
 def write_tiny_kimi(dest: Path, language_model, int4: bool = False) -> None:
-    """language_model: a DeepseekV3ForCausalLM (recipe.tiny.make_model) -> the Kimi-K2.5 layout in dest;
-    int4: routed experts packed as the real checkpoint's are."""
+    """A DeepseekV3ForCausalLM (recipe.tiny.make_model) -> the Kimi-K2.5 layout in dest (int4: its experts too)."""
     from safetensors.torch import save_file
 
     dest = Path(dest)

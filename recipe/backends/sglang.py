@@ -304,7 +304,7 @@ class SGLangBackend:
         )
         self.budget = int(capture.budget_gb * (1 << 30))
         self.stopping: threading.Thread | None = None
-        self.restarts = 0
+        self.keeper = Supervisor(self.server, server, self.url, dump_dir)
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
 
     @classmethod
@@ -333,7 +333,7 @@ class SGLangBackend:
     # -- client --------------------------------------------------------------------------------
     async def _send_all(self, samples, packer, should_stop) -> None:
         c = self.client
-        self._restart_lock = asyncio.Lock()
+        self.keeper.lock = asyncio.Lock()
         sem = asyncio.Semaphore(c.concurrency)
         limits = httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency)
         async with httpx.AsyncClient(timeout=c.timeout_s, limits=limits) as http:
@@ -346,35 +346,12 @@ class SGLangBackend:
                         await self._wait_budget()
                         await self._one(http, s, packer)
 
-            watchdog = asyncio.create_task(self._watchdog(http)) if self.opts.launch else None
+            watchdog = asyncio.create_task(self.keeper.watchdog(http)) if self.opts.launch else None
             try:
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
             finally:
                 if watchdog:
                     watchdog.cancel()
-
-    async def _watchdog(self, http) -> None:
-        """A server that stops answering (alive but hung) is killed; in-flight requests then fail and
-        are re-sent after the restart, like after a crash."""
-        s, misses = self.opts, 0
-        while True:
-            await asyncio.sleep(s.health_every_s)
-            if not self.server.alive() or self._restart_lock.locked():
-                misses = 0  # dead: the requests' retry path restarts it; restarting: still warming up
-                continue
-            try:
-                ok = (await http.get(self.url + "/health", timeout=s.health_timeout_s)).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            misses = 0 if ok else misses + 1
-            if misses >= s.health_misses:
-                log.error(
-                    "server did not answer /health %d times in a row: killing it for a restart\n%s",
-                    misses,
-                    self.server.log_tail(20),
-                )
-                self.server.stop(grace_s=5)
-                misses = 0
 
     async def _wait_budget(self) -> None:
         """Back-pressure: no new request while the dump directory holds more than the budget."""
@@ -419,12 +396,46 @@ class SGLangBackend:
                 packer.forget(rid)  # this attempt's partial dump (if any) is dropped, not counted
                 self.stats["retries"] += 1
                 log.warning("request %s failed (%s); retrying", rid, reason)
-                await self._ensure_server()
+                await self.keeper.ensure_up()
                 await asyncio.sleep(c.backoff_s * 2**attempt)
 
-    async def _ensure_server(self) -> None:
+
+class Supervisor:
+    """Keeps a launched server up while requests are in flight: one that stops answering /health
+    (alive but hung) is killed, a dead one restarted (up to server.max_restarts) with the dead ranks'
+    claims on the dump budget cleared. In-flight requests then fail and are re-sent, as after a crash."""
+
+    def __init__(self, server: Server, opts, url: str, dump_dir: Path):
+        self.server, self.opts, self.url, self.dump_dir = server, opts, url, dump_dir
+        self.restarts = 0
+        self.lock: asyncio.Lock | None = None  # made in the client's event loop
+
+    async def watchdog(self, http) -> None:
+        """A server that stops answering (alive but hung) is killed; in-flight requests then fail and
+        are re-sent after the restart, like after a crash."""
+        s, misses = self.opts, 0
+        while True:
+            await asyncio.sleep(s.health_every_s)
+            if not self.server.alive() or self.lock.locked():
+                misses = 0  # dead: the requests' retry path restarts it; restarting: still warming up
+                continue
+            try:
+                ok = (await http.get(self.url + "/health", timeout=s.health_timeout_s)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            misses = 0 if ok else misses + 1
+            if misses >= s.health_misses:
+                log.error(
+                    "server did not answer /health %d times in a row: killing it for a restart\n%s",
+                    misses,
+                    self.server.log_tail(20),
+                )
+                self.server.stop(grace_s=5)
+                misses = 0
+
+    async def ensure_up(self) -> None:
         """A dead server is restarted (up to server.max_restarts); past that the run stops."""
-        async with self._restart_lock:
+        async with self.lock:
             if not self.opts.launch or self.server.alive():
                 return
             if self.restarts >= self.opts.max_restarts:
