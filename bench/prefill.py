@@ -38,7 +38,7 @@ from hydra import initialize_config_dir  # noqa: E402
 
 from recipe import schema  # noqa: E402
 from recipe.backends.sglang import SGLangBackend  # noqa: E402
-from recipe.capture import records  # noqa: E402
+from recipe.capture import records, settings  # noqa: E402
 from recipe.data import Sample  # noqa: E402
 from recipe.main import CONF_DIR  # noqa: E402
 from recipe.packer import Packer, Progress  # noqa: E402
@@ -223,12 +223,12 @@ def arm(name, args, model_dir, samples, warm):
             if k.startswith("SGLANG_HS_"):
                 del be.server.env[k]
     if name == "capture":
-        be.server.env["SGLANG_HS_NO_WRITE"] = "1"
+        be.server.env[settings.ENV_NO_WRITE] = "1"
     stats_file = Path(args.work) / f"hook-stats-{name}.json"  # rank 0's timings (recipe.capture.hookstats.Stats)
     stats_file.parent.mkdir(parents=True, exist_ok=True)
     stats_file.unlink(missing_ok=True)
     if name != "plain":
-        be.server.env["SGLANG_HS_STATS"] = str(stats_file)
+        be.server.env[settings.ENV_STATS] = str(stats_file)
     result = {"arm": name}
     peak = {"bytes": 0}
     stop = threading.Event()

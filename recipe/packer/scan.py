@@ -28,7 +28,8 @@ class DumpScanner:
         except FileNotFoundError:
             return False
         with self.books.lock:
-            busy = any([self._found(name) for name in names])
+            found = [self._found(name) for name in names]  # every name: no short cut
+            busy = any(found)
             now = time.monotonic()
             for rid, p in list(self.books.pending.items()):
                 n, covered = len(p.sample.input_ids), p.covered()

@@ -21,6 +21,7 @@ import zstandard
 from ..errors import CorruptFile, NotAShardSet, UserError
 from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
 from .reader import ShardReader, check_record
+from .repair import record_ends
 from .store import SHARD_DIR, read_identity
 
 
@@ -64,11 +65,10 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     for kind in ("id", "key"):
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
         problems += [f"duplicate {kind} {k} in index" for k in dup]
-    ends = collections.defaultdict(int)
+    ends = record_ends(r.records)
     sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
     lost = collections.defaultdict(list)
     for rec in r.records:
-        ends[rec["shard"]] = max(ends[rec["shard"]], rec["offset"] + rec["length"])
         if rec["offset"] + rec["length"] > sizes.get(rec["shard"], -1):
             lost[rec["shard"]].append(rec["id"])
     for shard, ids in lost.items():

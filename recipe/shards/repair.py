@@ -82,13 +82,19 @@ def check(shard_dir: Path, records: list[dict], deep: bool = False) -> Checked:
     return Checked(kept, dropped + list(bad.items()), cuts, left)
 
 
+def record_ends(records) -> dict[str, int]:
+    """Per shard, where its last indexed record ends."""
+    ends: dict[str, int] = {}
+    for r in records:
+        ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
+    return ends
+
+
 def _tails(shard_dir: Path, kept: list[dict], indexed: dict[str, tuple]) -> tuple[list, list]:
     """Bytes past each shard's last kept record: cut if they start with a crashed run's uncommitted
     record (one no index line names) or with the very record a dropped line placed there (damaged,
     and redone); else left."""
-    ends: dict[str, int] = {}
-    for r in kept:
-        ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
+    ends = record_ends(kept)
     cuts, left = [], []
     for f in sorted(shard_dir.glob("shard-*.bin")):
         size, want = f.stat().st_size, ends.get(f.name, 0)

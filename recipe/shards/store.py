@@ -229,9 +229,7 @@ class ShardStore:
         """(shard, size) a resume appends to rather than starting new files: each ends exactly where
         its last kept record ends (the repair cut any uncommitted tail) and has room; none the repair
         left alone."""
-        ends: dict[str, int] = {}
-        for r in self.records:
-            ends[r["shard"]] = max(ends.get(r["shard"], 0), r["offset"] + r["length"])
+        ends = repair.record_ends(self.records)
         left = {name for name, _ in self.left}
         out = []
         for f in sorted((self.root / SHARD_DIR).glob("shard-*.bin"), key=lambda f: shard_number(f.name)):
