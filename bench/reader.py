@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zstandard as zstd  # noqa: E402
 
 from recipe.shards import ShardReader, codec  # noqa: E402
+from recipe.shards.appender import AppendingStore  # noqa: E402
 from recipe.shards.codec import Codec  # noqa: E402
-from recipe.shards.store import ShardStore  # noqa: E402
 
 
 def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
@@ -70,19 +70,10 @@ def decode_stages(r: ShardReader, rec: dict, reps: int = 5) -> dict:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--reads", type=int, default=8)
-    ap.add_argument("--level", type=int, default=0, help="zstd level instead of the default entropy-only codec")
-    ap.add_argument("--dir", default="/tmp/reader-bench")
-    a = ap.parse_args()
-    root = Path(a.dir)
+def write_set(root: Path, a, rng) -> None:
+    """a.samples samples of a.tokens x 4 slots x a.hidden, bf16 of N(0, 0.05), in one shard set."""
     shutil.rmtree(root, ignore_errors=True)
-    rng = np.random.default_rng(0)
-    store = ShardStore(
+    store = AppendingStore(
         root,
         {
             "format": "bench",
@@ -107,6 +98,20 @@ def main():
         store.append(f"s{i}", f"k{i}", frame, tokens=a.tokens, raw_bytes=h.nbytes + 5 * a.tokens)
     store.write_manifest({})
     store.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--reads", type=int, default=8)
+    ap.add_argument("--level", type=int, default=0, help="zstd level instead of the default entropy-only codec")
+    ap.add_argument("--dir", default="/tmp/reader-bench")
+    a = ap.parse_args()
+    root = Path(a.dir)
+    rng = np.random.default_rng(0)
+    write_set(root, a, rng)
     r = ShardReader(root)
     for sid in r.ids:  # warm the page cache
         r.read_frame(r.by_id[sid])

@@ -34,14 +34,14 @@ MODEL = {"model": {"name": "bench", "hidden_size": H, "num_layers": 4}}
 
 def build(root: Path, n: int) -> float:
     """n samples as JOBS job sets under root/job-i; returns the seconds it took."""
+    from recipe.shards.appender import AppendingStore
     from recipe.shards.codec import Codec
-    from recipe.shards.store import ShardStore
 
     rng = np.random.default_rng(0)
     h = (rng.standard_normal((T, SLOTS, H), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
     codec, t0 = Codec(entropy_only=True), time.perf_counter()
     for j in range(JOBS):
-        store = ShardStore(root / f"job-{j}", IDENTITY, MODEL)
+        store = AppendingStore(root / f"job-{j}", IDENTITY, MODEL)
         ids, mask = np.arange(T, dtype=np.int32), np.ones(T, np.uint8)
         for i in range(j, n, JOBS):
             sid = f"{i:024x}"

@@ -35,6 +35,7 @@ from recipe.main import RunFailed, run
 from recipe.packer import Packer, check_planes
 from recipe.shards import CorruptRecord, ShardReader
 from recipe.shards.__main__ import verify
+from recipe.shards.appender import AppendingStore
 from recipe.shards.codec import Codec, split_planes
 from recipe.shards.store import INDEX, ShardStore
 
@@ -117,7 +118,6 @@ def test_a_dump_with_another_slot_count_is_refused_not_stored(tmp_path):
 
 def test_verify_names_a_loss_mask_whose_length_is_not_the_token_count(tmp_path):
     from recipe.shards.codec import Codec
-    from recipe.shards.store import ShardStore
 
     h = np.full((5, 2, 8), 0x3F80, np.uint16)
     frame = Codec(entropy_only=True).encode(
@@ -125,7 +125,7 @@ def test_verify_names_a_loss_mask_whose_length_is_not_the_token_count(tmp_path):
         {"input_ids": ("int32", np.arange(5, dtype=np.int32)), "loss_mask": ("uint8", np.ones(4, np.uint8)),
          "hidden": ("bfloat16", h)},
     )  # fmt: skip
-    store = ShardStore(tmp_path, {**IDENTITY, "capture": {"slots": ["a", "b"]}}, {"model": {"hidden_size": 8}})
+    store = AppendingStore(tmp_path, {**IDENTITY, "capture": {"slots": ["a", "b"]}}, {"model": {"hidden_size": 8}})
     store.append("m", "k", frame, tokens=5, raw_bytes=h.nbytes)
     store.commit()
     store.write_manifest({})
@@ -169,8 +169,8 @@ class Recorder:
 
     def wrap(self, store):
         for attr, name in (("_shard", "shard"), ("_index", INDEX)):
-            f = getattr(store, attr)
-            if f is not None:  # the store's own shard exists once something was appended
+            f = getattr(store, attr, None)
+            if f is not None:  # an AppendingStore's own shard, once something was appended
                 setattr(store, attr, _Spy(f, name, self.events))
 
 
@@ -192,7 +192,7 @@ class _Spy:
 
 def test_commit_makes_the_shard_durable_before_the_index_names_it(tmp_path, monkeypatch):
     rec = Recorder(monkeypatch, tmp_path)
-    store = ShardStore(tmp_path / "out", IDENTITY)
+    store = AppendingStore(tmp_path / "out", IDENTITY)
     store.append("a", "ka", b"frame-a", 1, 1)
     rec.wrap(store)
     rec.events.clear()
@@ -229,7 +229,7 @@ def record(sid: str, n: int = 64) -> bytes:
 
 
 def test_a_crash_between_append_and_commit_is_cut_back_on_reopen(tmp_path):
-    store = ShardStore(tmp_path / "out", IDENTITY)
+    store = AppendingStore(tmp_path / "out", IDENTITY)
     a, b = record("a"), record("b", 500)
     store.append("a", "ka", a, 1, 1)
     store.commit()

@@ -21,7 +21,8 @@ from conftest import small_run_cfg as cfg
 from recipe.main import run
 from recipe.shards import HiddenStatesDataset, ShardReader
 from recipe.shards.__main__ import verify
-from recipe.shards.store import ProvenanceMismatch, ShardStore
+from recipe.shards.appender import AppendingStore
+from recipe.shards.store import ProvenanceMismatch
 
 
 def recipe_cli(tmp, *args, env=None, wait=True, out=None, prefix=()):
@@ -196,7 +197,7 @@ def test_a_sample_id_is_stored_at_most_once(tmp_path):
     problems = verify(out)
     assert any("duplicate id" in p for p in problems)
     (out / "index.jsonl").write_bytes(b"".join(lines))
-    store = ShardStore(out, json.loads((out / "identity.json").read_text()))
+    store = AppendingStore(out, json.loads((out / "identity.json").read_text()))
     rec = store.records[0]
     with pytest.raises(ValueError, match="already stored"):
         store.append(rec["id"], "another-key", b"x", 1, 1)

@@ -17,6 +17,7 @@ from recipe.main import run
 from recipe.packer import Packer
 from recipe.shards import CorruptRecord, HiddenStatesDataset, ShardReader
 from recipe.shards.__main__ import verify
+from recipe.shards.appender import AppendingStore
 from recipe.shards.codec import Codec
 from recipe.shards.store import ShardStore
 
@@ -193,7 +194,7 @@ def test_a_shard_cut_short_is_named_and_what_precedes_the_cut_still_reads(defaul
 def small_shards(tmp_path, n=6, tokens=1024, hidden=1024):
     """n samples of [tokens, 4, hidden] random bf16 words, every one different: (dir, id -> words)."""
     rng = np.random.default_rng(0)
-    store = ShardStore(tmp_path, {"format": "t", "model_fingerprint": "m", "capture": {}})
+    store = AppendingStore(tmp_path, {"format": "t", "model_fingerprint": "m", "capture": {}})
     want = {}
     for i in range(n):
         h = (rng.standard_normal((tokens, 4, hidden), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)

@@ -56,16 +56,13 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
         r = ShardReader(root, refuse_duplicates=False)  # reported below, with the rest
     except (FileNotFoundError, ValueError) as e:
         return [str(e)]
-    m = r.manifest
     try:
         read_identity(root)
     except CorruptFile as e:
         problems.append(str(e))
-    slots, hidden = len(m["capture"]["slots"]), m["model"]["hidden_size"]
     for kind in ("id", "key"):
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
         problems += [f"duplicate {kind} {k} in index" for k in dup]
-    ends = record_ends(r.records)
     sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
     lost = collections.defaultdict(list)
     for rec in r.records:
@@ -74,6 +71,23 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
     for shard, ids in lost.items():
         what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
         problems.append(f"{shard} {what}: {len(ids)} samples lost (a resume redoes them): {', '.join(ids)}")
+    problems += record_problems(r, lost)
+    ends = record_ends(r.records)
+    merged = bool((r.manifest.get("counts") or {}).get("merged"))
+    for shard, end in ends.items():
+        size = sizes.get(shard, 0)
+        if shard not in lost and size != end and not merged:  # a merged set may skip a duplicate at a shard's end
+            problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
+    problems += manifest_problems(r.manifest, r.records)
+    verdict = "OK" if not problems else f"{len(problems)} problem(s)"
+    print(f"verified {len(r.records)} samples in {len(ends)} shards: {verdict}", file=out)
+    return problems
+
+
+def record_problems(r: ShardReader, lost: dict) -> list[str]:
+    """Every record outside a lost shard decoded (its checksum, its own id) and its shapes checked."""
+    slots, hidden = len(r.manifest["capture"]["slots"]), r.manifest["model"]["hidden_size"]
+    problems = []
     recycler = Recycler()  # one sample's memory, reused for every sample
     for rec in r.records:
         where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
@@ -92,31 +106,25 @@ def verify(root: Path, out=sys.stdout) -> list[str]:
             )
         elif arrs["input_ids"].shape[0] != rec["tokens"] or arrs["loss_mask"].shape[0] != rec["tokens"]:
             problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
-    merged = bool((m.get("counts") or {}).get("merged"))
-    for shard, end in ends.items():
-        size = sizes.get(shard, 0)
-        if shard in lost:
-            continue
-        if size != end and not merged:  # a merged set may skip a duplicate at a shard's end
-            problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
-    t = m["totals"]
-    if t["samples"] != len(r.records) or t["tokens"] != sum(x["tokens"] for x in r.records):
+    return problems
+
+
+def manifest_problems(m: dict, records: list[dict]) -> list[str]:
+    """The manifest's totals against the index, and its counts against themselves."""
+    problems = []
+    t, tokens = m["totals"], sum(x["tokens"] for x in records)
+    if t["samples"] != len(records) or t["tokens"] != tokens:
         problems.append(
             f"manifest totals {t['samples']} samples/{t['tokens']} tokens disagree with the index "
-            f"({len(r.records)}/{sum(x['tokens'] for x in r.records)})"
+            f"({len(records)}/{tokens})"
         )
     c = m.get("counts")
     if c and not c.get("merged"):
         accounted = c["ok"] + sum(c["skipped"].values()) + sum(c["failed"].values()) + c.get("not_done", 0)
         if accounted != c["input"]:
             problems.append(f"accounting: ok+skipped+failed+not_done = {accounted} != input {c['input']}")
-        if c["ok"] > len(r.records):
-            problems.append(f"manifest counts {c['ok']} ok samples but the index holds {len(r.records)}")
-    print(
-        f"verified {len(r.records)} samples in {len(ends)} shards: "
-        + ("OK" if not problems else f"{len(problems)} problem(s)"),
-        file=out,
-    )
+        if c["ok"] > len(records):
+            problems.append(f"manifest counts {c['ok']} ok samples but the index holds {len(records)}")
     return problems
 
 
@@ -186,7 +194,7 @@ def main(argv=None) -> int:
         return 2
 
 
-def command(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipe.shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -211,7 +219,11 @@ def command(argv=None) -> int:
     mg = sub.add_parser("merge")
     mg.add_argument("out", type=Path)
     mg.add_argument("inputs", type=Path, nargs="+")
-    a = p.parse_args(argv)
+    return p
+
+
+def command(argv=None) -> int:
+    a = parser().parse_args(argv)
     if a.cmd != "merge" and not a.dir.is_dir():
         raise NotAShardSet(f"{a.dir} is not a folder")
     if a.cmd == "rebuild-index" and not (a.dir / SHARD_DIR).is_dir():
@@ -224,45 +236,40 @@ def command(argv=None) -> int:
         for x in problems:
             print("  " + x)
         return 1 if problems else 0
-    if a.cmd == "export":
-        from .export import ExportError, export
-
-        try:
-            info = export(
-                a.to,
-                a.dir,
-                a.out,
-                final_norm=a.final_norm,
-                model_dir=a.model_dir,
-                compress=a.gzip,
-                overwrite=a.overwrite,
-            )
-        except ExportError as e:
-            print(f"export refused: {e}", file=sys.stderr)
-            return 2
-        print(
-            f"exported {info['samples_total']} samples to {a.out} ({a.to}); samples.jsonl maps each file "
-            "to its sample id"
-        )
-        print("draft config values these files need (also in export_info.json):")
-        print(json.dumps(info["draft_config"], indent=2))
-        return 0
     if a.cmd == "rebuild-index":
         recs = rebuild_index(a.dir)
         dest = a.dir / "index.rebuilt.jsonl"
         dest.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
         print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")
         return 0
-    if a.cmd == "merge":
-        from .merge import MergeError, merge
+    return export_command(a) if a.cmd == "export" else merge_command(a)
 
-        try:
-            print(json.dumps(merge(a.out, a.inputs), indent=2))
-        except MergeError as e:
-            print(f"merge refused: {e}", file=sys.stderr)
-            return 2
-        return 0
-    return 2
+
+def export_command(a: argparse.Namespace) -> int:
+    from .export import ExportError, export
+
+    try:
+        info = export(a.to, a.dir, a.out, final_norm=a.final_norm, model_dir=a.model_dir, compress=a.gzip,
+                      overwrite=a.overwrite)  # fmt: skip
+    except ExportError as e:
+        print(f"export refused: {e}", file=sys.stderr)
+        return 2
+    n = info["samples_total"]
+    print(f"exported {n} samples to {a.out} ({a.to}); samples.jsonl maps each file to its sample id")
+    print("draft config values these files need (also in export_info.json):")
+    print(json.dumps(info["draft_config"], indent=2))
+    return 0
+
+
+def merge_command(a: argparse.Namespace) -> int:
+    from .merge import MergeError, merge
+
+    try:
+        print(json.dumps(merge(a.out, a.inputs), indent=2))
+    except MergeError as e:
+        print(f"merge refused: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -159,30 +159,11 @@ def export(
     r = ShardReader(src)
     out = Path(out)
     cap = r.manifest["capture"]
-    n_aux, has_final = len(cap["layers"]), bool(cap["final"])
-    if fmt not in ("specforge", "speculators"):
-        raise ExportError(f"unknown export format {fmt!r}: specforge or speculators")
-    if final_norm not in FINAL_NORM_MODES:
-        raise ExportError(f"--final-norm {final_norm!r}: one of {', '.join(FINAL_NORM_MODES)}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(
-            f"{out} exists and is not empty: a trainer would read stale files there. "
-            "Pass --overwrite to replace it, or choose another folder"
-        )
-    if not has_final:
-        raise ExportError(
-            f"{fmt} trains toward the final hidden state: these shards were captured with capture.final=false"
-        )
+    n_aux = len(cap["layers"])
+    refuse_unless_exportable(fmt, r, out, final_norm, overwrite)
     norm_w = None
-    if fmt == "speculators":
-        if final_norm == "refuse":
-            raise ExportError(
-                "speculators applies the verifier's final norm to its last slot, which must be "
-                "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
-                "(the default: exact up to bf16 rounding)"
-            )
-        if final_norm == "pre-norm-equivalent":
-            norm_w = final_norm_weight(model_dir_of(r, model_dir))
+    if fmt == "speculators" and final_norm == "pre-norm-equivalent":
+        norm_w = final_norm_weight(model_dir_of(r, model_dir))
     info = {
         "format": fmt,
         "source": str(Path(src).resolve()),
@@ -210,6 +191,29 @@ def export(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return info
+
+
+def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: str, overwrite: bool) -> None:
+    """One-line refusals before anything is written: format, norm mode, a non-empty OUT, no final slot."""
+    if fmt not in ("specforge", "speculators"):
+        raise ExportError(f"unknown export format {fmt!r}: specforge or speculators")
+    if final_norm not in FINAL_NORM_MODES:
+        raise ExportError(f"--final-norm {final_norm!r}: one of {', '.join(FINAL_NORM_MODES)}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ExportError(
+            f"{out} exists and is not empty: a trainer would read stale files there. "
+            "Pass --overwrite to replace it, or choose another folder"
+        )
+    if not r.manifest["capture"]["final"]:
+        raise ExportError(
+            f"{fmt} trains toward the final hidden state: these shards were captured with capture.final=false"
+        )
+    if fmt == "speculators" and final_norm == "refuse":
+        raise ExportError(
+            "speculators applies the verifier's final norm to its last slot, which must be "
+            "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
+            "(the default: exact up to bf16 rounding)"
+        )
 
 
 def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):

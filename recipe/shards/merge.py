@@ -53,12 +53,27 @@ def merge(out, inputs) -> dict:
         if m is None:
             raise MergeError(f"{d} has no manifest.json")
         manifests.append(m)
-    first = manifests[0]
-    want = sample_identity(inputs[0], first)
+    want = sample_identity(inputs[0], manifests[0])
     for d, m in zip(inputs[1:], manifests[1:]):
         diff = identity_diff(want, sample_identity(d, m), names=(f"{inputs[0]}:", f"{d}:"))
         if diff:
             raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
+    records, duplicates = link_shards_and_join_indexes(out, inputs)
+    atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
+    ident = Path(inputs[0]) / IDENTITY
+    if ident.exists():  # the merged set's identity: the first set's, without its job split
+        merged_identity = json.loads(ident.read_text())
+        merged_identity["data"] = {**merged_identity.get("data", {}), "sources": "merged", "shard_index": None,
+                                   "num_shards": None}  # fmt: skip
+        atomic_write(out / IDENTITY, (json.dumps(merged_identity, indent=2) + "\n").encode())
+    manifest = merged_manifest(inputs, manifests, records, duplicates)
+    atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}
+
+
+def link_shards_and_join_indexes(out: Path, inputs) -> tuple[list[dict], list[dict]]:
+    """Each input's shards hard-linked (copied across filesystems) as setKKK-<name>; their index
+    records joined, a sample id already taken by an earlier set skipped and reported."""
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     records, seen, duplicates = [], set(), []
     for k, d in enumerate(inputs):
@@ -75,15 +90,13 @@ def merge(out, inputs) -> dict:
                 continue
             seen.add(r["id"])
             records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
-    atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
-    counts = {
-        "merged": True,
-        "input": 0,
-        "ok": len(records),
-        "skipped": {},
-        "failed": {},
-        "duplicates": len(duplicates),
-    }
+    return records, duplicates
+
+
+def merged_manifest(inputs, manifests: list[dict], records: list[dict], duplicates: list[dict]) -> dict:
+    first = manifests[0]
+    counts = {"merged": True, "input": 0, "ok": len(records), "skipped": {}, "failed": {},
+              "duplicates": len(duplicates)}  # fmt: skip
     for m in manifests:
         c = m.get("counts") or {}
         counts["input"] += c.get("input", 0)
@@ -91,29 +104,8 @@ def merge(out, inputs) -> dict:
             for reason, n in (c.get(kind) or {}).items():
                 counts[kind][reason] = counts[kind].get(reason, 0) + n
     manifest = {k: first[k] for k in ("format", "model_fingerprint", "capture", "model", "tokenizer") if k in first}
-    ident = Path(inputs[0]) / IDENTITY
-    if ident.exists():  # the merged set's identity: the first set's, without its job split
-        merged_identity = json.loads(ident.read_text())
-        merged_identity["data"] = {
-            **merged_identity.get("data", {}),
-            "sources": "merged",
-            "shard_index": None,
-            "num_shards": None,
-        }
-        atomic_write(out / IDENTITY, (json.dumps(merged_identity, indent=2) + "\n").encode())
-    manifest.update(
-        {
-            "versions": first.get("versions"),
-            "backend": first.get("backend"),
-            "codec": first.get("codec"),
-            "merged_from": [
-                {"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
-                for d, m in zip(inputs, manifests)
-            ],
-            "counts": counts,
-            "duplicates": duplicates[:100],
-            **summarize(records),
-        }
-    )
-    atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-    return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}
+    merged_from = [{"dir": str(Path(d).resolve()), "data": m.get("data"), "counts": m.get("counts")}
+                   for d, m in zip(inputs, manifests)]  # fmt: skip
+    manifest.update(versions=first.get("versions"), backend=first.get("backend"), codec=first.get("codec"))
+    manifest.update(merged_from=merged_from, counts=counts, duplicates=duplicates[:100], **summarize(records))
+    return manifest

@@ -20,11 +20,11 @@ import contextlib
 import fcntl
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptFile, UserError
 from . import repair
-from .codec import crc32
 
 INDEX = "index.jsonl"
 MANIFEST = "manifest.json"
@@ -140,20 +140,86 @@ def read_identity(root: Path) -> dict | None:
     return read_owned(p, json.loads, fix) if p.exists() else None
 
 
-class ShardStore:
-    """Single writer of one output directory (an flock enforces it)."""
+def check_identity(root: Path, identity: dict) -> None:
+    """Refuse a set made with another configuration; record the identity of a set that has none."""
+    old = read_identity(root)
+    if old is None:  # a set from before identity.json: its manifest holds the keys that mattered then
+        manifest = read_manifest(root)
+        if manifest is None and read_index(root):
+            raise ProvenanceMismatch(
+                f"{root} holds samples but neither identity.json nor manifest.json: "
+                "its configuration is unknown; use another output_dir"
+            )
+        old = {k: manifest.get(k) for k in PROVENANCE_KEYS} if manifest else None
+        identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
+        if old is not None and old != identity_to_check:
+            raise ProvenanceMismatch(mismatch_message(root, identity_diff(old, identity_to_check)))
+        atomic_write(root / IDENTITY, (json.dumps(identity, indent=2) + "\n").encode())
+        return
+    diff = identity_diff(old, identity)
+    if diff:
+        raise ProvenanceMismatch(mismatch_message(root, diff))
 
-    def __init__(
-        self,
-        root: str | Path,
-        identity: dict,
-        provenance: dict | None = None,
-        max_shard_bytes: int = 4 << 30,
-        deep_check: bool = False,
-    ):
+
+def mismatch_message(root: Path, diff: list[str]) -> str:
+    return (
+        f"{root} holds shards made with another configuration; resuming would mix them:\n  "
+        + "\n  ".join(diff)
+        + f"\nResume with the configuration on disk ({root / IDENTITY}), or write to another output_dir=..."
+    )
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """What opening a set kept and cut: `lost` (id, why) are redone; `left` (shard, why) are never
+    appended to again; `cuts` (shard, bytes cut) were proven uncommitted tails."""
+
+    records: list[dict]
+    lost: list[tuple[str, str]]
+    left: list[tuple[str, str]]
+    cuts: list[tuple[str, int]]
+
+
+def repair_on_open(root: Path, records: list[dict], deep: bool) -> Repaired:
+    """Keep what repair.check proves (the rest is redone), cut only proven uncommitted tails."""
+    checked = repair.check(root / SHARD_DIR, records, deep)
+    if len(checked.kept) != len(records):
+        lines = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in checked.kept)
+        atomic_write(root / INDEX, lines)
+    cuts = []
+    for name, at, extra in checked.cuts:
+        with open(root / SHARD_DIR / name, "r+b") as fh:
+            fh.truncate(at)
+            os.fsync(fh.fileno())
+        cuts.append((name, extra))
+    return Repaired(checked.kept, checked.dropped, checked.left, cuts)
+
+
+def shard_names(root: Path, records: list[dict]) -> list[str]:
+    disk = [f.name for f in (root / SHARD_DIR).glob("shard-*.bin")]
+    return sorted(set(disk) | {r["shard"] for r in records}, key=shard_number)
+
+
+def open_tails(root: Path, records: list[dict], left: set[str], max_bytes: int) -> list[tuple[Path, int]]:
+    """(shard, size) a resume appends to rather than starting new files: each ends exactly where its
+    last kept record ends (the repair cut any uncommitted tail) and has room; none the repair left alone."""
+    ends = repair.record_ends(records)
+    out = []
+    for f in sorted((root / SHARD_DIR).glob("shard-*.bin"), key=lambda f: shard_number(f.name)):
+        size = f.stat().st_size
+        if f.name not in left and size == ends.get(f.name, 0) and size < max_bytes:
+            out.append((f, size))
+    return out
+
+
+class ShardStore:
+    """Single writer of one output directory (an flock enforces it): hands out shard files to the
+    writers (packer workers), records what they wrote, and commits it durably to the index."""
+
+    def __init__(self, root: str | Path, identity: dict, provenance: dict | None = None,
+                 max_shard_bytes: int = 4 << 30, deep_check: bool = False):  # fmt: skip
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / SHARD_DIR).mkdir(exist_ok=True)
+        (self.root / SHARD_DIR).mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "w")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -163,80 +229,17 @@ class ShardStore:
         self.provenance = {**identity, **(provenance or {})}
         self.max_shard_bytes = max_shard_bytes
         try:
-            self._check_identity(identity)
+            check_identity(self.root, identity)
         except BaseException:
             self._lock.close()
             raise
-        self.records = read_index(self.root, repair=True)
-        self._repair_shards(deep_check)
+        fixed = repair_on_open(self.root, read_index(self.root, repair=True), deep_check)
+        self.records, self.lost, self.left, self.repaired = fixed.records, fixed.lost, fixed.left, fixed.cuts
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
-        self._reusable = self._open_tails()
+        self._reusable = open_tails(self.root, self.records, {n for n, _ in self.left}, max_shard_bytes)
         self._pending: list[dict] = []
         self._index = open(self.root / INDEX, "ab", buffering=0)  # no buffer that could replay a failed append
-        self._shard = None  # the store's own shard, opened by the first append()
-
-    # -- identity and resume --------------------------------------------------------------
-    def _check_identity(self, identity: dict) -> None:
-        old = read_identity(self.root)
-        if old is None:  # a set from before identity.json: its manifest holds the keys that mattered then
-            manifest = read_manifest(self.root)
-            if manifest is None and read_index(self.root):
-                raise ProvenanceMismatch(
-                    f"{self.root} holds samples but neither identity.json nor manifest.json: "
-                    "its configuration is unknown; use another output_dir"
-                )
-            old = {k: manifest.get(k) for k in PROVENANCE_KEYS} if manifest else None
-            identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
-            if old is not None and old != identity_to_check:
-                raise ProvenanceMismatch(self._mismatch(identity_diff(old, identity_to_check)))
-            atomic_write(self.root / IDENTITY, (json.dumps(identity, indent=2) + "\n").encode())
-            return
-        diff = identity_diff(old, identity)
-        if diff:
-            raise ProvenanceMismatch(self._mismatch(diff))
-
-    def _mismatch(self, diff: list[str]) -> str:
-        return (
-            f"{self.root} holds shards made with another configuration; resuming would mix them:\n  "
-            + "\n  ".join(diff)
-            + f"\nResume with the configuration on disk ({self.root / IDENTITY}), "
-            "or write to another output_dir=..."
-        )
-
-    def _repair_shards(self, deep: bool) -> None:
-        """Keep what repair.check proves (the rest is redone), cut only proven uncommitted tails."""
-        checked = repair.check(self.root / SHARD_DIR, self.records, deep)
-        self.lost = checked.dropped  # (id, why)
-        self.left = checked.left  # (shard, why): never appended to again
-        if len(checked.kept) != len(self.records):
-            self.records = checked.kept
-            atomic_write(
-                self.root / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in self.records)
-            )
-        self.repaired = []
-        for name, at, extra in checked.cuts:
-            with open(self.root / SHARD_DIR / name, "r+b") as fh:
-                fh.truncate(at)
-                os.fsync(fh.fileno())
-            self.repaired.append((name, extra))
-
-    def _shard_names(self) -> list[str]:
-        disk = [f.name for f in (self.root / SHARD_DIR).glob("shard-*.bin")]
-        return sorted(set(disk) | {r["shard"] for r in self.records}, key=shard_number)
-
-    def _open_tails(self) -> list[tuple[Path, int]]:
-        """(shard, size) a resume appends to rather than starting new files: each ends exactly where
-        its last kept record ends (the repair cut any uncommitted tail) and has room; none the repair
-        left alone."""
-        ends = repair.record_ends(self.records)
-        left = {name for name, _ in self.left}
-        out = []
-        for f in sorted((self.root / SHARD_DIR).glob("shard-*.bin"), key=lambda f: shard_number(f.name)):
-            size = f.stat().st_size
-            if f.name not in left and size == ends.get(f.name, 0) and size < self.max_shard_bytes:
-                out.append((f, size))
-        return out
 
     def take_shard(self) -> tuple[Path, int]:
         """A shard for one writer to append to, and its size: an open tail of this set first, each
@@ -246,79 +249,19 @@ class ShardStore:
     def new_shard_path(self) -> Path:
         """Numbered past every shard name on disk, in the index and ever handed out (shards/NEXT,
         written before the file is made): a name is never reused, even after a shard was deleted."""
-        names = self._shard_names()
+        names = shard_names(self.root, self.records)
         nxt = self.root / SHARD_DIR / "NEXT"
         fix = "it holds the next shard number only: delete it and the next run writes it again"
         n = max(shard_number(names[-1]) + 1 if names else 0, read_owned(nxt, int, fix) if nxt.exists() else 0)
         atomic_write(nxt, f"{n + 1}\n".encode())
         return self.root / SHARD_DIR / f"shard-{n:05d}.bin"
 
-    def _open_shard(self) -> None:
-        """Continue the newest shard while it has room; never reopen older ones."""
-        names = self._shard_names()
-        newest = self.root / SHARD_DIR / names[-1] if names else None
-        ok = newest is not None and newest.exists() and newest.name not in {n for n, _ in self.left}
-        if ok and newest.stat().st_size < self.max_shard_bytes:
-            path = newest
-        else:
-            path = self.new_shard_path()
-        self._shard_path = path
-        self._shard = open(path, "ab")
-        self._shard_size = self._shard.tell()
-
-    # -- writing -----------------------------------------------------------------------------
-    def append(self, sample_id: str, key: str, frame: bytes, tokens: int, raw_bytes: int, **extra) -> None:
-        """Write a frame to the store's own shard and record it (committed by commit())."""
-        if self._shard is None:
-            self._open_shard()
-        if self._shard_size and self._shard_size + len(frame) > self.max_shard_bytes:
-            self.commit()
-            self._shard.close()
-            self._shard_path = self.new_shard_path()
-            self._shard = open(self._shard_path, "ab")
-            self._shard_size = 0
-        self._check_new(sample_id, key)
-        self._shard.write(frame)
-        self.add(
-            sample_id,
-            key,
-            self._shard_path.name,
-            self._shard_size,
-            len(frame),
-            crc32(frame),
-            tokens,
-            raw_bytes,
-            **extra,
-        )
-        self._shard_size += len(frame)
-
-    def add(
-        self,
-        sample_id: str,
-        key: str,
-        shard: str,
-        offset: int,
-        length: int,
-        crc32: int,
-        tokens: int,
-        raw_bytes: int,
-        **extra,
-    ) -> None:
+    def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
+            raw_bytes: int, **extra) -> None:  # fmt: skip
         """Record a frame already written to `shard` (by a packer worker that owns that file)."""
         self._check_new(sample_id, key)
-        self._pending.append(
-            {
-                "id": sample_id,
-                "key": key,
-                "shard": shard,
-                "offset": offset,
-                "length": length,
-                "tokens": tokens,
-                "raw_bytes": raw_bytes,
-                "crc32": crc32,
-                **extra,
-            }
-        )
+        self._pending.append({"id": sample_id, "key": key, "shard": shard, "offset": offset, "length": length,
+                              "tokens": tokens, "raw_bytes": raw_bytes, "crc32": crc32, **extra})  # fmt: skip
         self.keys.add(key)
         self.ids.add(sample_id)
 
@@ -328,12 +271,7 @@ class ShardStore:
 
     def _fsync_shards(self, names: set[str]) -> None:
         """Every shard the pending records name is on disk before the index names them."""
-        if self._shard is not None:
-            self._shard.flush()
         for name in sorted(names):
-            if self._shard is not None and name == self._shard_path.name:
-                os.fsync(self._shard.fileno())
-                continue
             fd = os.open(self.root / SHARD_DIR / name, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -386,8 +324,6 @@ class ShardStore:
             self.commit()
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
             self._pending = []
-        if self._shard is not None:
-            self._shard.close()
         self._index.close()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
