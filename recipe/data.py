@@ -355,6 +355,44 @@ def my_records(data_cfg, plan: Plan, log_every_s: float):
             yield where, rec
 
 
+# Characters per token that a conversation's first max_length tokens are assumed not to exceed on
+# average: a message is cut there before tokenizing, so one huge record costs bounded time and memory.
+# Text past the cut only ever reaches tokens past max_length (checked: if the cut text does not give
+# more than max_length + CUT_MARGIN tokens, the whole text is tokenized after all).
+CHARS_PER_TOKEN_BOUND = 32
+CUT_MARGIN = 64
+
+
+def cut_messages(msgs: list[dict], budget: int) -> tuple[list[dict], bool]:
+    """The conversation up to `budget` characters of content: the message that crosses it cut there,
+    later ones dropped. Returns (messages, whether anything was cut)."""
+    out = []
+    for m in msgs:
+        content = m.get("content")
+        if not isinstance(content, str) or len(content) <= budget:
+            out.append(m)
+            budget -= len(content) if isinstance(content, str) else 0
+            continue
+        out.append({**m, "content": content[:budget]})
+        return out, True
+    return out, False
+
+
+def tokenize_within(tokenizer, msgs: list[dict], data_cfg) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and loss mask whose first max_length tokens equal the whole conversation's, without
+    tokenizing text that cannot reach them."""
+    short, cut = cut_messages(msgs, int((data_cfg.max_length + CUT_MARGIN) * CHARS_PER_TOKEN_BOUND))
+    try:
+        ids, mask = tokenize(tokenizer, short, data_cfg.chat_template_kwargs)
+        if cut and len(ids) <= data_cfg.max_length + CUT_MARGIN:  # unusually long tokens: the whole text
+            ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
+    except BadRecord:
+        raise
+    except Exception as e:  # a template that cannot render this conversation
+        raise BadRecord("template_error", f"{type(e).__name__}: {e}") from None
+    return ids, mask
+
+
 def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: dict) -> Sample:
     """One record as a Sample, or the BadRecord that says why it is skipped."""
     if isinstance(rec, BadRecord):
@@ -363,12 +401,7 @@ def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: 
     sid = sample_id(msgs)
     if sid in seen_ids:
         raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
-    try:
-        ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
-    except BadRecord:
-        raise
-    except Exception as e:  # a template that cannot render this conversation
-        raise BadRecord("template_error", f"{type(e).__name__}: {e}") from None
+    ids, mask = tokenize_within(tokenizer, msgs, data_cfg)
     truncated = len(ids) > data_cfg.max_length
     if truncated:
         if data_cfg.overflow == "skip":

@@ -306,3 +306,34 @@ def test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_re
     r = subprocess.run([sys.executable, "-c", probe], input=raw, capture_output=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert json.loads(r.stdout) == want
+
+
+def huge_record(n_chars: int) -> str:
+    words = [f"w{i % 977}" for i in range(n_chars // 4)]
+    return json.dumps({"messages": [{"role": "user", "content": "a short question"},
+                                    {"role": "assistant", "content": " ".join(words)[:n_chars]}]})  # fmt: skip
+
+
+def test_a_huge_message_is_cut_before_tokenizing_and_keeps_the_whole_texts_first_tokens(tmp_path, monkeypatch):
+    """One 1 MB message at max_length 300: only a bounded prefix is ever tokenized, and the sample is
+    the whole text's first 300 tokens (loss mask included); under overflow=skip it is counted too long."""
+    p = write_lines(tmp_path / "d.jsonl", [huge_record(1_000_000), good(0)])
+    tok = make_tokenizer()
+    seen, real = [], data.assistant_spans
+    monkeypatch.setattr(data, "assistant_spans", lambda *a: seen.append(len(real(*a)[0])) or real(*a))
+    s = data.build_plan(dcfg(sources=[str(p)], max_length=300), tok).samples[0]
+    assert max(seen) < 20_000, seen  # (300 + margin) x 32 characters, not the megabyte
+    ids, mask = data.tokenize(tok, json.loads(p.read_text().splitlines()[0])["messages"])
+    assert s.truncated and np.array_equal(s.input_ids, ids[:300]) and np.array_equal(s.loss_mask, mask[:300])
+    skipped = data.build_plan(dcfg(sources=[str(p)], max_length=300, overflow="skip"), tok)
+    assert dict(skipped.skipped) == {"too_long": 1} and len(skipped.samples) == 1
+
+
+def test_text_whose_tokens_are_longer_than_the_cut_assumes_is_tokenized_whole(tmp_path, monkeypatch):
+    """If the cut text gives too few tokens to prove the cut harmless, the whole text decides."""
+    p = write_lines(tmp_path / "d.jsonl", [huge_record(50_000)])
+    tok = make_tokenizer()
+    monkeypatch.setattr(data, "CHARS_PER_TOKEN_BOUND", 0.01)  # as if tokens were 100x longer than assumed
+    s = data.build_plan(dcfg(sources=[str(p)], max_length=300), tok).samples[0]
+    ids, mask = data.tokenize(tok, json.loads(p.read_text())["messages"])
+    assert np.array_equal(s.input_ids, ids[:300]) and np.array_equal(s.loss_mask, mask[:300])
