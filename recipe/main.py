@@ -49,6 +49,7 @@ class Job:
     """What `plan` hands to `capture` and `finish`."""
 
     model_dir: Path
+    shape: ModelShape
     plan: Plan
     todo: list  # samples not stored yet
     store: ShardStore
@@ -97,7 +98,7 @@ def plan(cfg) -> Job:
     log_folders(cfg)
     check_output_dir(out)
     model_dir = resolve_model_path(cfg.model.path)
-    read_model_shape(cfg, model_dir)
+    shape = read_model_shape(cfg, model_dir)
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
     t0 = time.monotonic()
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)
@@ -106,8 +107,8 @@ def plan(cfg) -> Job:
     model = {
         "name": cfg.model.name,
         "path": str(model_dir),
-        "num_layers": cfg.model.num_layers,
-        "hidden_size": cfg.model.hidden_size,
+        "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
     }
     store = ShardStore(
         out,
@@ -129,11 +130,9 @@ def plan(cfg) -> Job:
             len(todo),
             dict(the_plan.skipped) or "none",
         )
-        preflight.check(
-            todo, len(cap["slots"]), cfg.model.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb
-        )
+        preflight.check(todo, len(cap["slots"]), shape.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb)
         on_error.pop_all()
-    return Job(model_dir, the_plan, todo, store, cap["slots"])
+    return Job(model_dir, shape, the_plan, todo, store, cap["slots"])
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool):
@@ -191,27 +190,37 @@ def check_output_dir(out: Path) -> None:
         raise OutputDirError(f"output_dir={out}: {parent} is not writable")
 
 
-def read_model_shape(cfg, model_dir: Path) -> None:
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+
+
+def read_model_shape(cfg, model_dir: Path) -> ModelShape:
     """Depth and hidden size from the checkpoint's config.json (the language model's `text_config`
-    in a multimodal wrapper such as Kimi-K2.5's); values set in the config must agree."""
+    in a multimodal wrapper such as Kimi-K2.5's); values set in the config must agree. The config
+    itself is left as the user wrote it."""
     import json
 
     outer = json.loads((model_dir / "config.json").read_text())
     hf = outer.get("text_config", outer)
     where = f"{model_dir}/config.json" + (" (text_config)" if "text_config" in outer else "")
+    shape = {}
     for key, ours in (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size")):
         theirs, given = hf.get(key), cfg.model[ours]
         if theirs is None and given is None:
             raise schema.ConfigError(f"{where} has no {key}: set model.{ours}")
         if given is not None and theirs is not None and given != theirs:
             raise schema.ConfigError(f"model.{ours}={given} but {where} says {key}={theirs}")
-        cfg.model[ours] = given if given is not None else theirs
-    schema.check_layers(cfg)
+        shape[ours] = given if given is not None else theirs
+    shape = ModelShape(**shape)
+    schema.check_layers(cfg, shape.num_layers)
     positions = hf.get("max_position_embeddings")
     if positions and cfg.data.max_length > positions:
         raise schema.ConfigError(
             f"data.max_length={cfg.data.max_length} exceeds the model's max_position_embeddings={positions}"
         )
+    return shape
 
 
 # -- capture ---------------------------------------------------------------------------------
@@ -245,7 +254,7 @@ def capture(cfg, job: Job) -> Captured:
                 full = disk_full(e)
                 if full is None:
                     raise
-                need = units.size(preflight.estimate(job.todo, len(job.slots), cfg.model.hidden_size)[1])
+                need = units.size(preflight.estimate(job.todo, len(job.slots), job.shape.hidden_size)[1])
                 interrupted = full_disk_message(full, cfg) + f" (the whole run stores about {need})"
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted, stopping)

@@ -43,7 +43,14 @@ class BackendName(str, Enum):
 # One schema per backend (conf/backend/<name>.yaml extends it): a key one backend does not read is a
 # compose-time error under the other, not a silently ignored setting.
 @dataclass
-class HFBackendConfig:
+class BackendConfig:
+    """What every backend's schema has: its name (the backend/ group's choice)."""
+
+    name: BackendName = MISSING
+
+
+@dataclass
+class HFBackendConfig(BackendConfig):
     name: BackendName = BackendName.hf
     device: str = "auto"  # cuda when available
     batch_tokens: int = 16384  # padded tokens per forward
@@ -52,7 +59,7 @@ class HFBackendConfig:
 
 
 @dataclass
-class SGLangBackendConfig:
+class SGLangBackendConfig(BackendConfig):
     name: BackendName = BackendName.sglang  # its settings are the server/ and client/ groups
 
 
@@ -127,7 +134,7 @@ class ShardsConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    backend: Any = MISSING  # HFBackendConfig | SGLangBackendConfig, chosen by the backend/ group
+    backend: BackendConfig = MISSING  # HFBackendConfig or SGLangBackendConfig: the backend/ group's choice
     server: ServerConfig = field(default_factory=ServerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
@@ -201,9 +208,10 @@ def validate(cfg) -> None:
     check_layers(cfg)
 
 
-def check_layers(cfg) -> None:
+def check_layers(cfg, num_layers: int | None = None) -> None:
     """The capture against the model's depth (once it is known: it may come from config.json)."""
-    c, layers, n = cfg.capture, list(cfg.capture.layers), cfg.model.num_layers
+    c, layers = cfg.capture, list(cfg.capture.layers)
+    n = num_layers if num_layers is not None else cfg.model.num_layers
     if not layers and not c.final:
         raise ConfigError("capture.layers is empty and capture.final is false: nothing to capture")
     if layers != sorted(set(layers)):

@@ -168,3 +168,34 @@ def test_serve_runs_the_server_alone_and_returns_its_status(tmp_path):
     )
     assert serve(cfg, run_dir=tmp_path) == 7
     assert not list((tmp_path / "dump").glob("user-*/*"))  # its dump folder went (the user's root stays)
+
+
+@pytest.mark.parametrize(
+    "path,schema_name",
+    [
+        ("capture/default.yaml", "CaptureConfig"),
+        ("client/default.yaml", "ClientConfig"),
+        ("shards/default.yaml", "ShardsConfig"),
+        ("server/sglang.yaml", "ServerConfig"),
+        ("backend/hf.yaml", "HFBackendConfig"),
+        ("backend/sglang.yaml", "SGLangBackendConfig"),
+    ],
+)
+def test_a_default_group_restates_no_schema_default_differently(path, schema_name):
+    """Each default lives in the schema; a group's YAML may repeat one beside its comment, never change
+    it (defaults in two places drift). A group that changes a default is an experiment, not a default."""
+    import dataclasses
+
+    from recipe import schema
+
+    cls = getattr(schema, schema_name)
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / path), resolve=False)
+    yaml.pop("defaults", None)
+    restated = {k: v for k, v in yaml.items() if k in defaults and defaults[k] != "???" and defaults[k] != {}}
+    differ = {k: (v, defaults[k]) for k, v in restated.items() if v != getattr(defaults[k], "value", defaults[k])}
+    assert not differ, f"{path} changes schema defaults (yaml, schema): {differ}"

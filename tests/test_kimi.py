@@ -105,11 +105,13 @@ def test_without_trust_remote_code_the_run_says_what_to_set(tmp_path):
 
 
 def test_depth_and_width_come_from_text_config(tmp_path):
+    from recipe.main import ModelShape, read_model_shape, resolve_model_path
     from recipe.schema import ConfigError
 
     cfg = small_run_cfg(tmp_path, *KIMI, "model.trust_remote_code=true", "dry_run=true", limit=2)
     run(cfg)
-    assert (cfg.model.num_layers, cfg.model.hidden_size) == (4, 256)
+    assert read_model_shape(cfg, resolve_model_path(cfg.model.path)) == ModelShape(num_layers=4, hidden_size=256)
+    assert cfg.model.num_layers is None  # the config is left as written
     with pytest.raises(
         ConfigError, match=r"model.num_layers=61 but .*config.json \(text_config\) says num_hidden_layers=4"
     ):
