@@ -116,6 +116,13 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     tot = store.write_manifest({})["totals"]
     store.close()
     shutil.rmtree(dump, ignore_errors=True)
+    res = figures(a, workers, n_samples, tot, dt, cpu0, cpu, rss)
+    shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def figures(a, workers: int, n_samples: int, tot: dict, dt: float, cpu0, cpu, rss: list[int]) -> dict:
+    """One run's rates, CPU use (workers' and the main process's) and memory, as the JSON prints them."""
     res = {
         "argv": sys.argv[1:],
         "workers": workers,
@@ -147,7 +154,6 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
             stream_budget_GB=a.stream_budget_gb,
             data_over_budget=round(tot["raw_bytes"] / (a.stream_budget_gb * 2**30), 1),
         )
-    shutil.rmtree(out, ignore_errors=True)
     return res
 
 

@@ -174,10 +174,8 @@ def tail(packer, t_end, timeout_s=600.0) -> dict:
     return marks
 
 
-def arm(name, args, model_dir, samples, warm):
-    dump_parent = Path(args.shm) / f"bench-{name}"
-    shutil.rmtree(dump_parent, ignore_errors=True)
-    dump_parent.mkdir(parents=True)
+def arm_overrides(args, name: str, dump_parent: Path) -> list[str]:
+    """The recipe config of one arm (an 8B-shape model; with --fake, the tiny one on the fake server)."""
     over = [
         "backend=sglang",
         f"output_dir={args.work}/out-{name}",
@@ -207,31 +205,53 @@ def arm(name, args, model_dir, samples, warm):
             "server.args.tp_size=1",
             "~server.args.enforce_disable_flashinfer_allreduce_fusion",
         ]
-    cfg = compose(over)
-    be = SGLangBackend(
-        model_dir,
-        dump_parent,
-        Path(args.work) / f"out-{name}",
-        server=cfg.server,
-        client=cfg.client,
-        capture=cfg.capture,
-        nccl=cfg.nccl,
-        run_dir=Path(args.work) / f"logs-{name}",
-    )
+    return over
+
+
+def arm_backend(args, name: str, model_dir, dump_parent: Path, stats_file: Path):
+    """The backend of one arm, its server's hook switched to what the arm measures: off (plain),
+    capture without writing (capture), or the whole dump (dump); hook timings to stats_file."""
+    cfg = compose(arm_overrides(args, name, dump_parent))
+    be = SGLangBackend(model_dir, dump_parent, Path(args.work) / f"out-{name}", server=cfg.server, client=cfg.client,
+                       capture=cfg.capture, nccl=cfg.nccl, run_dir=Path(args.work) / f"logs-{name}")  # fmt: skip
     if name == "plain":
         for k in list(be.server.env):
             if k.startswith("SGLANG_HS_"):
                 del be.server.env[k]
     if name == "capture":
         be.server.env[settings.ENV_NO_WRITE] = "1"
+    if name != "plain":
+        be.server.env[settings.ENV_STATS] = str(stats_file)
+    return be, cfg
+
+
+def dump_packer(args, dump_parent: Path, out: Path, n: int):
+    store = ShardStore(out, {"format": "bench", "model_fingerprint": "random-init", "capture": {}})
+    packer = Packer(dump_parent, store, Codec(1, "byteplane", entropy_only=True), ["l2", "l16", "l29", "final"],
+                    workers=args.workers, dump_timeout_s=120, progress=Progress(n, 5.0),
+                    sync_records=not args.no_sync_records).start()  # fmt: skip
+    return store, packer
+
+
+def stored_figures(packer, store) -> dict:
+    tot = store.write_manifest({})["totals"]
+    store.close()
+    ratio = tot["raw_bytes"] / tot["stored_bytes"]
+    return dict(stored=tot, ratio=round(ratio, 4), real_activation_ratio=REAL_ACTIVATION_RATIO,
+                ratio_vs_real=round(ratio / REAL_ACTIVATION_RATIO, 4),
+                bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1), failed=dict(packer.failed),
+                ok=packer.ok)  # fmt: skip
+
+
+def arm(name, args, model_dir, samples, warm):
+    dump_parent = Path(args.shm) / f"bench-{name}"
+    shutil.rmtree(dump_parent, ignore_errors=True)
+    dump_parent.mkdir(parents=True)
     stats_file = Path(args.work) / f"hook-stats-{name}.json"  # rank 0's timings (recipe.capture.hookstats.Stats)
     stats_file.parent.mkdir(parents=True, exist_ok=True)
     stats_file.unlink(missing_ok=True)
-    if name != "plain":
-        be.server.env[settings.ENV_STATS] = str(stats_file)
-    result = {"arm": name}
-    peak = {"bytes": 0}
-    stop = threading.Event()
+    be, cfg = arm_backend(args, name, model_dir, dump_parent, stats_file)
+    result, peak, stop = {"arm": name}, {"bytes": 0}, threading.Event()
 
     def watch():
         while not stop.is_set():
@@ -239,7 +259,6 @@ def arm(name, args, model_dir, samples, warm):
             time.sleep(0.05)
 
     try:
-        t0 = time.monotonic()
         be.server.start()
         result["server_ready_s"] = round(be.server.wait_ready(), 1)
         be.opts.launch = False  # already up: run() must not start another
@@ -248,55 +267,23 @@ def arm(name, args, model_dir, samples, warm):
         be.rid_prefix = cfg.capture.rid_prefix
         out = Path(args.work) / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
-        if name == "dump":
-            store = ShardStore(out, {"format": "bench", "model_fingerprint": "random-init", "capture": {}})
-            packer = Packer(
-                dump_parent,
-                store,
-                Codec(1, "byteplane", entropy_only=True),
-                ["l2", "l16", "l29", "final"],
-                workers=args.workers,
-                dump_timeout_s=120,
-                progress=Progress(len(samples), 5.0),
-                sync_records=not args.no_sync_records,
-            ).start()
-        else:
-            packer = NullPacker()
+        store, packer = dump_packer(args, dump_parent, out, len(samples)) if name == "dump" else (None, NullPacker())
         threading.Thread(target=watch, daemon=True).start()
         t0 = time.monotonic()
         be.run(samples, packer)
         t_client = time.monotonic() - t0
+        t_all = t_client
         if name == "dump":
             result["tail"] = tail(packer, t0 + t_client)
             packer.drain(timeout_s=600)
             t_all = time.monotonic() - t0
             packer.stop()
-            tot = store.write_manifest({})["totals"]
-            store.close()
-            ratio = tot["raw_bytes"] / tot["stored_bytes"]
-            result.update(
-                stored=tot,
-                ratio=round(ratio, 4),
-                real_activation_ratio=REAL_ACTIVATION_RATIO,
-                ratio_vs_real=round(ratio / REAL_ACTIVATION_RATIO, 4),
-                bytes_per_token=round(tot["stored_bytes"] / tot["tokens"], 1),
-                failed=dict(packer.failed),
-                ok=packer.ok,
-            )
-        else:
-            t_all = t_client
+            result.update(stored_figures(packer, store))
         tokens = sum(len(s.input_ids) for s in samples)
-        result.update(
-            samples=len(samples),
-            tokens=tokens,
-            client_s=round(t_client, 3),
-            total_s=round(t_all, 3),
-            tokens_per_s=round(tokens / t_all, 1),
-            samples_per_s=round(len(samples) / t_all, 3),
-            tokens_per_s_client=round(tokens / t_client, 1),
-            peak_dump_bytes=peak["bytes"],
-            client=be.stats,
-        )
+        result.update(samples=len(samples), tokens=tokens, client_s=round(t_client, 3), total_s=round(t_all, 3),
+                      tokens_per_s=round(tokens / t_all, 1), samples_per_s=round(len(samples) / t_all, 3),
+                      tokens_per_s_client=round(tokens / t_client, 1), peak_dump_bytes=peak["bytes"],
+                      client=be.stats)  # fmt: skip
         if name != "plain":
             time.sleep(0.5)  # the writer rewrites its stats once it idles
             if stats_file.exists():

@@ -130,6 +130,26 @@ def plain_arm(args, model_dir: Path, out: Path) -> dict:
     return prefill.arm("plain", ns, model_dir, samples, warm=[])
 
 
+def prepare_model(args) -> Path:
+    """The 8B-shape model with init-scale weights (or, with --fake, the tiny model and the fake
+    server); sets args.flags, the recipe overrides every product arm takes."""
+    args.flags = [f"server.args.attention_backend={args.attention_backend}"]
+    if args.fake:
+        from recipe.tiny import materialize
+
+        fake = Path(__file__).resolve().parent.parent / "tests" / "fake_sglang.py"
+        args.flags += [f"server.command=[{sys.executable},{fake}]", "capture.layers=[1,2,3]"]
+        return materialize("tiny-llama")
+    from recipe.tiny import make_tokenizer
+
+    model_dir = Path(args.model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(prefill.LLAMA_8B))
+    prefill.make_weights(model_dir)
+    make_tokenizer("llama3").save_pretrained(model_dir)
+    return model_dir
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default="/tmp/llama8b")
@@ -148,21 +168,7 @@ def main():
     t0 = time.monotonic()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    args.flags = [f"server.args.attention_backend={args.attention_backend}"]
-    if args.fake:
-        from recipe.tiny import materialize
-
-        model_dir = materialize("tiny-llama")
-        fake = Path(__file__).resolve().parent.parent / "tests" / "fake_sglang.py"
-        args.flags += [f"server.command=[{sys.executable},{fake}]", "capture.layers=[1,2,3]"]
-    else:
-        model_dir = Path(args.model_dir)
-        model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.json").write_text(json.dumps(prefill.LLAMA_8B))
-        prefill.make_weights(model_dir)
-        from recipe.tiny import make_tokenizer
-
-        make_tokenizer("llama3").save_pretrained(model_dir)
+    model_dir = prepare_model(args)
     print(f"weights ready at {time.monotonic() - t0:.0f} s", flush=True)
     data = work / "data.jsonl"
     make_data(data, args.samples, args.min_len, args.max_len)

@@ -139,23 +139,48 @@ class Scheduler:
                 r["done"].set()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model-path", required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--chunked-prefill-size", type=int, default=-1)
-    args, _unknown = ap.parse_known_args()  # every other SGLang flag is accepted and ignored
-    print("fake sglang argv:", json.dumps(sys.argv[1:]), flush=True)
-    model = FakeModel(args.model_path)
-    sched = Scheduler(model, args.chunked_prefill_size)
-    ready = threading.Event()
-    count = {"n": 0}
+def inject_faults(sched, n: int) -> None:
+    """The failure modes (MODES) that strike on the 3rd request, once per marker file."""
+    marker = os.environ.get("FAKE_SGLANG_MARKER", "")
+    if n != 3 or not marker or os.path.exists(marker):
+        return
+    if "die_once" in MODES:
+        Path(marker).write_text("died")
+        # killed between reserving dump budget and releasing it: its claim (the whole budget)
+        # stays behind, and only the restart can clear it
+        claim = Path(os.environ[settings.ENV_DIR]) / f"{records.RESERVATION}{os.getpid()}-dead"
+        claim.write_bytes(b"")
+        os.truncate(claim, int(os.environ[settings.ENV_BUDGET]))
+        os._exit(17)
+    if "hang_once" in MODES:
+        Path(marker).write_text("hung")
+        with sched.cv:  # the scheduler (and so /health) stops answering, the process stays up
+            time.sleep(3600)
 
-    def warmup():  # what SGLang does at start-up: a bare 32-hex rid, an EXTEND of 3 tokens, then decodes
-        sched.submit(uuid.uuid4().hex, [1, 2, 3])
-        model.forward(ForwardMode.DECODE, [(uuid.uuid4().hex, [1, 2, 3, 4], 3, 1)])
-        ready.set()
+
+def response_meta(model, req: dict) -> dict:
+    """SGLang's meta_info for a prefill-only request, with hidden states and prompt logprobs if asked."""
+    meta = {
+        "id": req["rid"],
+        "prompt_tokens": len(req["input_ids"]),
+        "cached_tokens": 7 if "cached" in MODES else 0,
+        "completion_tokens": 0,
+    }
+    if req.get("return_hidden_states"):  # as SGLang with aux capture on: the aux concatenation [T, K*H]
+        final, aux = model.states(req["input_ids"])
+        meta["hidden_states"] = [torch.cat(aux, dim=-1).float().tolist() if aux else final.float().tolist()]
+    if req.get("return_logprob"):  # as SGLang: [logprob, token id, None] per prompt token, the first None
+        ids = req["input_ids"]
+        with torch.inference_mode():
+            lp = torch.log_softmax(model.hf(torch.as_tensor(ids)[None]).logits[0].float(), -1)
+        meta["input_token_logprobs"] = [[None, ids[0], None]] + [
+            [lp[t - 1, ids[t]].item(), ids[t], None] for t in range(1, len(ids))
+        ]
+    return meta
+
+
+def make_handler(model, sched, ready: threading.Event):
+    count = {"n": 0}
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -180,41 +205,33 @@ def main():
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             count["n"] += 1
-            marker = os.environ.get("FAKE_SGLANG_MARKER", "")
-            if "die_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
-                Path(marker).write_text("died")
-                # killed between reserving dump budget and releasing it: its claim (the whole budget)
-                # stays behind, and only the restart can clear it
-                claim = Path(os.environ[settings.ENV_DIR]) / f"{records.RESERVATION}{os.getpid()}-dead"
-                claim.write_bytes(b"")
-                os.truncate(claim, int(os.environ[settings.ENV_BUDGET]))
-                os._exit(17)
-            if "hang_once" in MODES and count["n"] == 3 and marker and not os.path.exists(marker):
-                Path(marker).write_text("hung")
-                with sched.cv:  # the scheduler (and so /health) stops answering, the process stays up
-                    time.sleep(3600)
+            inject_faults(sched, count["n"])
             if "flaky500" in MODES and "-r" not in req["rid"]:
                 return self.reply(500, {"error": "injected"})
             sched.submit(req["rid"], req["input_ids"])
-            meta = {
-                "id": req["rid"],
-                "prompt_tokens": len(req["input_ids"]),
-                "cached_tokens": 7 if "cached" in MODES else 0,
-                "completion_tokens": 0,
-            }
-            if req.get("return_hidden_states"):  # as SGLang with aux capture on: the aux concatenation [T, K*H]
-                final, aux = model.states(req["input_ids"])
-                meta["hidden_states"] = [torch.cat(aux, dim=-1).float().tolist() if aux else final.float().tolist()]
-            if req.get("return_logprob"):  # as SGLang: [logprob, token id, None] per prompt token, the first None
-                ids = req["input_ids"]
-                with torch.inference_mode():
-                    lp = torch.log_softmax(model.hf(torch.as_tensor(ids)[None]).logits[0].float(), -1)
-                meta["input_token_logprobs"] = [[None, ids[0], None]] + [
-                    [lp[t - 1, ids[t]].item(), ids[t], None] for t in range(1, len(ids))
-                ]
-            self.reply(200, {"text": "", "output_ids": [], "meta_info": meta})
+            self.reply(200, {"text": "", "output_ids": [], "meta_info": response_meta(model, req)})
 
-    srv = ThreadingHTTPServer((args.host, args.port), H)
+    return H
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--chunked-prefill-size", type=int, default=-1)
+    args, _unknown = ap.parse_known_args()  # every other SGLang flag is accepted and ignored
+    print("fake sglang argv:", json.dumps(sys.argv[1:]), flush=True)
+    model = FakeModel(args.model_path)
+    sched = Scheduler(model, args.chunked_prefill_size)
+    ready = threading.Event()
+
+    def warmup():  # what SGLang does at start-up: a bare 32-hex rid, an EXTEND of 3 tokens, then decodes
+        sched.submit(uuid.uuid4().hex, [1, 2, 3])
+        model.forward(ForwardMode.DECODE, [(uuid.uuid4().hex, [1, 2, 3, 4], 3, 1)])
+        ready.set()
+
+    srv = ThreadingHTTPServer((args.host, args.port), make_handler(model, sched, ready))
     if "slow_exit" in MODES:
         import signal
 

@@ -52,6 +52,24 @@ MUTATIONS = {
         "pass",
         ["tests/test_pipeline.py::test_a_batch_whose_forward_fails_is_counted_and_the_run_fails"],
     ),
+    "long_text_tokenized_whole": (  # one huge message tokenized in full: minutes and gigabytes to plan
+        "recipe/data.py",
+        "short, cut = cut_messages(msgs, int((data_cfg.max_length + CUT_MARGIN) * CHARS_PER_TOKEN_BOUND))",
+        "short, cut = msgs, False",
+        ["tests/test_data.py::test_a_huge_message_is_cut_before_tokenizing_and_keeps_the_whole_texts_first_tokens"],
+    ),
+    "cut_trusted_without_proof": (  # text with long tokens: the cut changes the first max_length tokens
+        "recipe/data.py",
+        "if cut and len(ids) <= data_cfg.max_length + CUT_MARGIN:",
+        "if False:",
+        ["tests/test_data.py::test_text_whose_tokens_are_longer_than_the_cut_assumes_is_tokenized_whole"],
+    ),
+    "yaml_default_drifts": (  # a group's YAML says one default, the schema (and every other entry point) another
+        "conf/shards/default.yaml",
+        "workers: 4 ",
+        "workers: 2 ",
+        ["tests/test_config.py::test_a_default_group_restates_no_schema_default_differently"],
+    ),
     "slot_count_unchecked": (
         "recipe/packer/checks.py",
         "    if slots != n_slots:\n",
@@ -247,8 +265,8 @@ MUTATIONS = {
     ),
     "tail_not_truncated": (
         "recipe/shards/store.py",
-        "                fh.truncate(at)\n",
-        "                pass\n",
+        "            fh.truncate(at)\n",
+        "            pass\n",
         ["tests/test_guarantees.py::test_a_crash_between_append_and_commit_is_cut_back_on_reopen"],
     ),
     "ids_snapshot_removed": (
@@ -292,8 +310,8 @@ MUTATIONS = {
     ),
     "identity_not_checked": (
         "recipe/shards/store.py",
-        "        diff = identity_diff(old, identity)\n        if diff:",
-        "        diff = identity_diff(old, identity)\n        if False:",
+        "    diff = identity_diff(old, identity)\n    if diff:",
+        "    diff = identity_diff(old, identity)\n    if False:",
         ["tests/test_integrity.py::test_a_resume_with_another_configuration_is_refused_even_without_a_manifest"],
     ),
     "duplicate_id_accepted": (
@@ -499,8 +517,8 @@ MUTATIONS = {
     ),
     "resume_appends_to_a_left_shard": (  # bytes the repair could not prove were left: appending buries them
         "recipe/shards/store.py",
-        "if f.name not in left and size == ends.get(f.name, 0) and size < self.max_shard_bytes:",
-        "if size < self.max_shard_bytes:",
+        "if f.name not in left and size == ends.get(f.name, 0) and size < max_bytes:",
+        "if size < max_bytes:",
         ["tests/test_integrity.py::test_a_resume_never_appends_to_a_shard_whose_tail_it_left_alone"],
     ),
     "backend_gets_whole_config": (  # the registry hands a backend more than its own nodes
