@@ -66,20 +66,21 @@ class SGLangBackendConfig(BackendConfig):
 @dataclass
 class ServerConfig:
     command: List[str] = field(default_factory=lambda: ["python3", "-m", "sglang.launch_server"])
-    launch: bool = True  # false: use a server already running at host:port (started with the same capture env)
+    # false: talk to a server already running at host:port (multi-node, tests), started with the same capture env
+    launch: bool = True
     host: str = "127.0.0.1"
     port: int = 30000
     args: Dict[str, Any] = field(default_factory=dict)  # snake_case keys -> --kebab-case flags
     extra_args: List[str] = field(default_factory=list)  # passed through verbatim
-    ready_timeout_s: float = 1200.0  # first start compiles kernels: minutes
+    ready_timeout_s: float = 1200.0  # a fresh machine compiles kernels before /health answers 200: minutes
     # At the end every dump is on the RAM disk: the server holds nothing. SGLang's own drain after
     # SIGTERM takes 5-8 s (its watchdog polls every 5 s) for nothing, so SIGKILL follows this soon.
     stop_grace_s: float = 0.0
-    max_restarts: int = 2
+    max_restarts: int = 2  # server deaths tolerated; unfinished requests are re-sent
     health_every_s: float = 10.0  # watchdog: GET /health this often while requests are in flight
     health_timeout_s: float = 60.0  # a probe slower than this counts as a miss (SGLang probes via its scheduler)
     health_misses: int = 3  # consecutive misses = the server stopped answering: it is killed and restarted
-    allow_unsafe_flags: bool = False  # only for the silent-failure test: lets CUDA graphs back on
+    allow_unsafe_flags: bool = False  # true lets the enforced flags change (only the silent-failure test does)
 
 
 @dataclass
@@ -90,15 +91,17 @@ class NcclConfig:
 
 @dataclass
 class CaptureConfig:
-    layers: List[int] = MISSING
-    final: bool = True
+    layers: List[int] = MISSING  # residual stream ENTERING layer i (= HF hidden_states[i]); ascending
+    final: bool = True  # also the last hidden state after the final norm
     convention: str = CONVENTION
-    dump_dir: str = MISSING
-    budget_gb: float = 8.0
-    rid_prefix: str = "hsx-"
-    dump_timeout_s: float = 120.0  # after the response: no complete dump by then = failed sample
-    writer_queue: int = 4  # sglang hook: passes in flight between the GPU and the writer threads
-    writer_threads: int = 2  # sglang hook: threads writing passes into dump_dir, per TP rank
+    dump_dir: str = MISSING  # a RAM disk; each run works in its own subfolder and removes it
+    budget_gb: float = 8.0  # raw dumps held at most; producers wait beyond it
+    rid_prefix: str = "hsx-"  # only requests with this rid prefix are dumped (no warm-up/health)
+    dump_timeout_s: float = 120.0  # answered but no complete dump after this = failed sample
+    # sglang hook: passes between the GPU and the writer threads before the GPU waits (queue + threads
+    # + 1 pinned buffers of a rank's share of a pass each)
+    writer_queue: int = 4
+    writer_threads: int = 2  # sglang hook, per TP rank: one copies ~2 GB/s into /dev/shm
 
 
 @dataclass
@@ -115,19 +118,19 @@ class DataConfig:
 
 @dataclass
 class ClientConfig:
-    concurrency: int = 16
-    timeout_s: float = 600.0
-    retries: int = 3
+    concurrency: int = 16  # requests in flight
+    timeout_s: float = 600.0  # one request
+    retries: int = 3  # per request, with exponential backoff from backoff_s
     backoff_s: float = 1.0
 
 
 @dataclass
 class ShardsConfig:
-    max_shard_gb: float = 4.0
-    entropy_only: bool = True  # zstd tuned for byte planes (recipe/shards/codec.py); false: zstd_level
-    zstd_level: int = 1
+    max_shard_gb: float = 4.0  # each packer process rolls over to a new shard file past this
+    entropy_only: bool = True  # zstd tuned for bf16 byte planes (recipe/shards/codec.py); false: zstd_level
+    zstd_level: int = 1  # used when entropy_only=false; on real activations L1 beats L3 in ratio and speed
     workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.57-0.79 GB/s raw each on the GPU host
-    commit_every: int = 64
+    commit_every: int = 64  # samples between fsyncs of the shards + the index
     deep_check: bool = False  # a resume also checks every stored record's crc32 (reads the whole set)
 
 

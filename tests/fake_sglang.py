@@ -231,7 +231,10 @@ def main():
         model.forward(ForwardMode.DECODE, [(uuid.uuid4().hex, [1, 2, 3, 4], 3, 1)])
         ready.set()
 
-    srv = ThreadingHTTPServer((args.host, args.port), make_handler(model, sched, ready))
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 256  # socketserver's 5 drops connections when a client opens many at once
+
+    srv = Server((args.host, args.port), make_handler(model, sched, ready))
     if "slow_exit" in MODES:
         import signal
 

@@ -66,9 +66,9 @@ MUTATIONS = {
     ),
     "yaml_default_drifts": (  # a group's YAML says one default, the schema (and every other entry point) another
         "conf/shards/default.yaml",
-        "workers: 4 ",
-        "workers: 2 ",
-        ["tests/test_config.py::test_a_default_group_restates_no_schema_default_differently"],
+        "{}\n",
+        "workers: 2\n",
+        ["tests/test_config.py::test_a_default_group_sets_no_default_the_schema_holds"],
     ),
     "slot_count_unchecked": (
         "recipe/packer/checks.py",

@@ -60,4 +60,8 @@ def make_backend(cfg, model_dir: Path, dump_dir: Path, output_dir: Path) -> Back
     target, nodes = REGISTRY[cfg.backend.name]
     module, name = target.split(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls.from_config(model_dir, dump_dir, output_dir, **{n: cfg[n] for n in nodes})
+    from omegaconf import OmegaConf
+
+    # typed sections (recipe/schema.py dataclasses, interpolations resolved): a component reads its
+    # own settings as plain attributes, never the config tree
+    return cls.from_config(model_dir, dump_dir, output_dir, **{n: OmegaConf.to_object(cfg[n]) for n in nodes})

@@ -21,7 +21,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-from omegaconf import OmegaConf
 
 from ..capture import records
 from ..capture.settings import HookSettings
@@ -86,7 +85,7 @@ def check_flags(args: dict, extra: list[str], allow_unsafe: bool) -> None:
 
 def server_argv(server, model_dir: Path) -> list[str]:
     """The launch command from the `server` config node."""
-    args = OmegaConf.to_container(server.args, resolve=True)
+    args = dict(server.args)  # a schema object's dict, or a config node's (resolved on access)
     extra = list(server.extra_args)
     check_flags(args, extra, server.allow_unsafe_flags)
     return [
@@ -120,7 +119,7 @@ def server_env(nccl, capture, dump_dir: Path, base=None, server=None) -> dict:
     """The server's environment: the `nccl` node's variables and the hook's switches from `capture`
     (and from `server.args`, the most tokens a pass holds)."""
     env = dict(os.environ if base is None else base)
-    env.update({k: str(v) for k, v in OmegaConf.to_container(nccl.env, resolve=True).items()})
+    env.update({k: str(v) for k, v in dict(nccl.env).items()})
     hook = HookSettings(
         dump_dir=str(dump_dir),
         layers=tuple(capture.layers),

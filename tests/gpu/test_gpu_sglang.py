@@ -256,6 +256,23 @@ def lm_head(kind) -> torch.Tensor:
     raise KeyError("lm_head.weight")
 
 
+def generate_returning_states(served, ids: list[int], rid: str) -> dict:
+    """One prefill with SGLang's own hidden states and input-token logprobs returned."""
+    body = {"input_ids": ids, "rid": rid, "return_hidden_states": True, "return_logprob": True,
+            "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}  # fmt: skip
+    return httpx.post(served.url + "/generate", json=body, timeout=120).json()
+
+
+def dump_pieces(served, rid: str, n: int, wait_s: float = 20) -> list:
+    """The dump's pieces of request `rid`, once they hold its n rows (or wait_s passed)."""
+    deadline = time.time() + wait_s
+    while True:
+        pieces = sorted(served.dump.glob(f"{rid}.*.hsr"))
+        if sum(records.read_record(p)[0]["n"] for p in pieces) >= n or time.time() >= deadline:
+            return pieces
+        time.sleep(0.2)
+
+
 def test_dump_equals_return_hidden_states(served):
     """SGLang's own returns, against the dump. The aux slots: return_hidden_states gives their
     concatenation [T, K*H], bit for bit. The final slot: SGLang's input-token logprobs are
@@ -269,25 +286,9 @@ def test_dump_equals_return_hidden_states(served):
     for k, n in enumerate((17, 200, 700)):  # 700 > chunked_prefill_size: several passes
         ids = rng.integers(0, 256, n).tolist()
         rid = f"hsx-xcheck-{kind}-{k}"
-        r = httpx.post(
-            served.url + "/generate",
-            json={
-                "input_ids": ids,
-                "rid": rid,
-                "return_hidden_states": True,
-                "return_logprob": True,
-                "logprob_start_len": 0,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-            },
-            timeout=120,
-        ).json()
+        r = generate_returning_states(served, ids, rid)
         native = np.asarray(r["meta_info"]["hidden_states"][0], dtype=np.float32)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            pieces = sorted(served.dump.glob(f"{rid}.*.hsr"))
-            if sum(records.read_record(p)[0]["n"] for p in pieces) >= n:
-                break
-            time.sleep(0.2)
+        pieces = dump_pieces(served, rid, n)
         parts = [records.read_record(p) for p in pieces]
         hid = np.concatenate([x[2] for x in parts])  # [T, K+1, H] bf16 bits
         ids_dumped = np.concatenate([x[1] for x in parts])
@@ -457,6 +458,26 @@ MOE_METHOD = ("Using CompressedTensors", "compressed_tensors", "WNA16", "Marlin"
 
 
 @pytest.mark.parametrize("case", list(KIMI_CASES))
+def ids_and_masks_as_the_template(reader, model_dir, chat) -> tuple[int, int]:
+    """(samples whose stored ids and mask equal the model's own template's, multi-turn samples)."""
+    from transformers import AutoTokenizer
+
+    from recipe import data
+
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
+    exact, multi_turn = 0, 0
+    with open(chat) as f:
+        for line in f:
+            msgs = data.to_messages(json.loads(line))
+            ids, mask = data.tokenize(tok, msgs)
+            keep = reader.manifest["data"]["max_length"]  # the run truncates past it
+            ids, mask = ids[:keep], mask[:keep]
+            x = reader.get(data.sample_id(msgs))
+            multi_turn += sum(m["role"] == "assistant" for m in msgs) > 1
+            exact += bool(np.array_equal(x["input_ids"].numpy(), ids) and np.array_equal(x["loss_mask"].numpy(), mask))
+    return exact, multi_turn
+
+
 def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     """A checkpoint laid out like Kimi-K2.5 (kimi_k25 config, language_model./vision_tower. weights,
     remote-code tokenizer, thinking template; INT4 routed experts in the *_int4 cases) served by
@@ -465,9 +486,6 @@ def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     weights (the INT4 ones dequantized) and nearest its configured index, ids and masks exactly the
     template's, each TP rank writing its share."""
     from test_kimi import kimi_chat  # the bundled conversations with reasoning on every assistant turn
-    from transformers import AutoTokenizer
-
-    from recipe import data
 
     kind, port, tp, flags = KIMI_CASES[case]
     if FAKE or torch.cuda.device_count() < tp:
@@ -484,17 +502,7 @@ def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     reader = ShardReader(out)
     model_dir = WORK / "models" / MODELS[kind][0]
     worst = compare(reader, hf_reference(kind), MODELS[kind][1])
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
-    exact, multi_turn = 0, 0
-    with open(chat) as f:
-        for line in f:
-            msgs = data.to_messages(json.loads(line))
-            ids, mask = data.tokenize(tok, msgs)
-            keep = reader.manifest["data"]["max_length"]  # the run truncates past it
-            ids, mask = ids[:keep], mask[:keep]
-            x = reader.get(data.sample_id(msgs))
-            multi_turn += sum(m["role"] == "assistant" for m in msgs) > 1
-            exact += bool(np.array_equal(x["input_ids"].numpy(), ids) and np.array_equal(x["loss_mask"].numpy(), mask))
+    exact, multi_turn = ids_and_masks_as_the_template(reader, model_dir, chat)
     pieces = [p for lines in writers.values() for p in lines]
     REPORT[case] = {
         "model": MODELS[kind][0],
