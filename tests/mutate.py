@@ -523,8 +523,8 @@ MUTATIONS = {
     ),
     "backend_gets_whole_config": (  # the registry hands a backend more than its own nodes
         "recipe/backends/__init__.py",
-        "**{n: cfg[n] for n in nodes}",
-        "**{n: cfg[n] for n in cfg if n in nodes or n == 'data'}",
+        "**{n: OmegaConf.to_object(cfg[n]) for n in nodes}",
+        "**{n: OmegaConf.to_object(cfg[n]) for n in cfg if n in nodes or n == 'data'}",
         ["tests/test_config.py::test_registry_hands_each_backend_only_its_config_nodes"],
     ),
 }
