@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from .errors import UserError
 
@@ -162,11 +162,9 @@ def unknown_keys(node, schema_cls, prefix: str = "") -> list[str]:
         if key not in declared:
             out.append(prefix + str(key))
             continue
-        child = getattr(schema_cls, "__annotations__", {}).get(key)
-        sub = _SECTIONS.get(child if isinstance(child, str) else getattr(child, "__name__", ""))
-        if key == "backend" and schema_cls is Config:  # typed by the chosen backend's own schema
-            sub = BACKENDS.get(node[key].get("name"))
-        if sub is not None:
+        # a section's own schema, as composition typed it (the backend node: the chosen backend's)
+        sub = OmegaConf.get_type(node[key]) if OmegaConf.is_config(node[key]) else None
+        if sub is not None and is_dataclass(sub):
             out += unknown_keys(node[key], sub, f"{prefix}{key}.")
     return out
 
@@ -231,22 +229,6 @@ def check_layers(cfg, num_layers: int | None = None) -> None:
         )
 
 
-_SECTIONS = {
-    c.__name__: c
-    for c in (
-        ModelConfig,
-        HFBackendConfig,
-        SGLangBackendConfig,
-        ServerConfig,
-        NcclConfig,
-        CaptureConfig,
-        DataConfig,
-        ClientConfig,
-        ShardsConfig,
-    )
-}
-
-
 BACKENDS = {BackendName.hf: HFBackendConfig, BackendName.sglang: SGLangBackendConfig}
 
 
@@ -277,7 +259,6 @@ def run_dir(*, _root_) -> str:
     """Hydra's folder for this job (a sweep gives each job its own) or, before Hydra has made one
     (`--cfg job --resolve`, the compose API), the folder a plain run would use."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     if HydraConfig.initialized():
         hc = HydraConfig.get()
@@ -294,7 +275,6 @@ def shell_safe(text: str) -> str:
 
 
 def register() -> None:
-    from omegaconf import OmegaConf
 
     for name, fn in (("hs.run_name", run_name), ("hs.run_dir", run_dir), ("hs.shell_safe", shell_safe)):
         if not OmegaConf.has_resolver(name):

@@ -20,6 +20,8 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+from omegaconf import OmegaConf
+
 
 class Sink(Protocol):
     """What a backend reports to (recipe.packer.Packer)."""
@@ -60,8 +62,6 @@ def make_backend(cfg, model_dir: Path, dump_dir: Path, output_dir: Path) -> Back
     target, nodes = REGISTRY[cfg.backend.name]
     module, name = target.split(":")
     cls = getattr(importlib.import_module(module), name)
-    from omegaconf import OmegaConf
-
     # typed sections (recipe/schema.py dataclasses, interpolations resolved): a component reads its
     # own settings as plain attributes, never the config tree
     return cls.from_config(model_dir, dump_dir, output_dir, **{n: OmegaConf.to_object(cfg[n]) for n in nodes})

@@ -22,7 +22,7 @@ from ..errors import CorruptFile, NotAShardSet, UserError
 from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
 from .reader import ShardReader, check_record
 from .repair import record_ends
-from .store import SHARD_DIR, read_identity
+from .store import SHARD_DIR, index_lines, read_identity
 
 
 def inspect(root: Path) -> dict:
@@ -239,7 +239,7 @@ def command(argv=None) -> int:
     if a.cmd == "rebuild-index":
         recs = rebuild_index(a.dir)
         dest = a.dir / "index.rebuilt.jsonl"
-        dest.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs))
+        dest.write_bytes(index_lines(recs))
         print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")
         return 0
     return export_command(a) if a.cmd == "export" else merge_command(a)

@@ -7,31 +7,25 @@ from __future__ import annotations
 import os
 
 from .codec import crc32
-from .store import SHARD_DIR, ShardStore, shard_names
+from .store import ShardStore
 
 
 class AppendingStore(ShardStore):
     _shard = None  # its own shard, opened by the first append()
 
-    def _open_shard(self) -> None:
-        """Continue the newest shard while it has room; never reopen older ones."""
-        names = shard_names(self.root, self.records)
-        newest = self.root / SHARD_DIR / names[-1] if names else None
-        ok = newest is not None and newest.exists() and newest.name not in {n for n, _ in self.left}
-        self._shard_path = newest if ok and newest.stat().st_size < self.max_shard_bytes else self.new_shard_path()
-        self._shard = open(self._shard_path, "ab")
-        self._shard_size = self._shard.tell()
+    def _use(self, path, size: int) -> None:
+        self._shard_path, self._shard_size = path, size
+        self._shard = open(path, "ab")
 
     def append(self, sample_id: str, key: str, frame: bytes, tokens: int, raw_bytes: int, **extra) -> None:
-        """Write a frame to its own shard and record it (committed by commit())."""
+        """Write a frame to its own shard (taken as a packer worker takes one) and record it
+        (committed by commit())."""
         if self._shard is None:
-            self._open_shard()
+            self._use(*self.take_shard())
         if self._shard_size and self._shard_size + len(frame) > self.max_shard_bytes:
             self.commit()
             self._shard.close()
-            self._shard_path = self.new_shard_path()
-            self._shard = open(self._shard_path, "ab")
-            self._shard_size = 0
+            self._use(self.new_shard_path(), 0)
         self._check_new(sample_id, key)
         self._shard.write(frame)
         name, at = self._shard_path.name, self._shard_size

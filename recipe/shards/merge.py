@@ -20,7 +20,9 @@ from .store import (
     MANIFEST,
     SHARD_DIR,
     atomic_write,
+    atomic_write_json,
     identity_diff,
+    index_lines,
     read_identity,
     read_index,
     read_manifest,
@@ -59,15 +61,15 @@ def merge(out, inputs) -> dict:
         if diff:
             raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
     records, duplicates = link_shards_and_join_indexes(out, inputs)
-    atomic_write(out / INDEX, b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records))
+    atomic_write(out / INDEX, index_lines(records))
     ident = Path(inputs[0]) / IDENTITY
     if ident.exists():  # the merged set's identity: the first set's, without its job split
         merged_identity = json.loads(ident.read_text())
         merged_identity["data"] = {**merged_identity.get("data", {}), "sources": "merged", "shard_index": None,
                                    "num_shards": None}  # fmt: skip
-        atomic_write(out / IDENTITY, (json.dumps(merged_identity, indent=2) + "\n").encode())
+        atomic_write_json(out / IDENTITY, merged_identity)
     manifest = merged_manifest(inputs, manifests, records, duplicates)
-    atomic_write(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    atomic_write_json(out / MANIFEST, manifest)
     return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}
 
 

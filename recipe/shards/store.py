@@ -66,10 +66,20 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
-def fsync_dir(path: Path) -> None:
+def atomic_write_json(path: Path, obj) -> None:
+    """A small JSON file the recipe owns (identity, manifest), replaced whole."""
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def index_lines(records: list[dict]) -> bytes:
+    """Index records as index.jsonl holds them: one compact JSON line each."""
+    return b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+
+
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -154,7 +164,7 @@ def check_identity(root: Path, identity: dict) -> None:
         identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
         if old is not None and old != identity_to_check:
             raise ProvenanceMismatch(mismatch_message(root, identity_diff(old, identity_to_check)))
-        atomic_write(root / IDENTITY, (json.dumps(identity, indent=2) + "\n").encode())
+        atomic_write_json(root / IDENTITY, identity)
         return
     diff = identity_diff(old, identity)
     if diff:
@@ -184,8 +194,7 @@ def repair_on_open(root: Path, records: list[dict], deep: bool) -> Repaired:
     """Keep what repair.check proves (the rest is redone), cut only proven uncommitted tails."""
     checked = repair.check(root / SHARD_DIR, records, deep)
     if len(checked.kept) != len(records):
-        lines = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in checked.kept)
-        atomic_write(root / INDEX, lines)
+        atomic_write(root / INDEX, index_lines(checked.kept))
     cuts = []
     for name, at, extra in checked.cuts:
         with open(root / SHARD_DIR / name, "r+b") as fh:
@@ -272,11 +281,7 @@ class ShardStore:
     def _fsync_shards(self, names: set[str]) -> None:
         """Every shard the pending records name is on disk before the index names them."""
         for name in sorted(names):
-            fd = os.open(self.root / SHARD_DIR / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(self.root / SHARD_DIR / name)
 
     def take_pending(self) -> list[dict]:
         """The records not yet committed, handed over (to a committer thread) as one batch."""
@@ -293,7 +298,7 @@ class ShardStore:
             self._fsync_shards({r["shard"] for r in batch})
             end = os.fstat(self._index.fileno()).st_size
             try:
-                self._index.write(b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in batch))
+                self._index.write(index_lines(batch))
                 self._index.flush()
                 os.fsync(self._index.fileno())
             except OSError:  # e.g. ENOSPC: take back what reached the file, so a retry appends cleanly
@@ -308,7 +313,7 @@ class ShardStore:
 
     def write_manifest(self, fields: dict) -> dict:
         manifest = {**self.provenance, **fields, **summarize(self.records)}
-        atomic_write(self.root / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
+        atomic_write_json(self.root / MANIFEST, manifest)
         return manifest
 
     def __enter__(self) -> "ShardStore":
