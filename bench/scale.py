@@ -2,13 +2,16 @@
 
     python bench/scale.py sets --sizes 10000,100000,1000000 --out scale.json    # 64 jobs merged, then each op
     python bench/scale.py long --tokens 131072 --hidden 2048 --out long.json    # one long sample: packer, reader
+    python bench/scale.py huge --chars 20000000 --out huge.json                 # one huge record planned
 
 `sets`: N samples written as 64 job sets (the real ShardStore, index and records; small samples of
 16 tokens x 4 slots x hidden 8, so the index and the per-record work dominate, as in a set of 1M short
 chats), merged into one (`recipe.shards.merge`, timed), then in a fresh process each: open (ShardReader),
 resume plan (ShardStore's checks + the keys left to do), inspect, verify. Peak RSS is each process's
 own ru_maxrss. `long`: one sample through the real packer (its worker process) and the reader; peak RSS
-against the sample's raw size.
+against the sample's raw size. `huge`: one record whose reply is --chars characters of code-like words,
+planned (read, rendered, tokenized, cut to max_length 2048) by `recipe.data.build_plan` with the tiny
+byte tokenizer in a fresh process: time and peak RSS.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ OPS = {
     ),
     "inspect": "from recipe.shards.__main__ import inspect; inspect(Path(ROOT))",
     "verify": "from recipe.shards.__main__ import verify; assert verify(Path(ROOT)) == []",
+    "plan": (
+        "from omegaconf import OmegaConf; from recipe import data; from recipe.schema import DataConfig; "
+        "from recipe.tiny import make_tokenizer; "
+        "cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), "
+        "{'sources': [ROOT + '/huge.jsonl'], 'max_length': 2048}); "
+        "p = data.build_plan(cfg, make_tokenizer()); assert p.tokens == 2048, p.tokens"
+    ),
 }
 
 
@@ -172,9 +182,21 @@ def pack_one(tokens: int, hidden: int, work: str) -> int:
     return raw
 
 
+def huge_record(chars: int, work: Path) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    reply = " ".join(f"w{i % 977}" for i in range(chars // 4 + 1))[:chars]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]
+    (work / "huge.jsonl").write_text(json.dumps({"messages": msgs}) + "\n")
+    try:
+        return {"chars": chars, "max_length": 2048, **measure("plan", work)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["sets", "long"])
+    ap.add_argument("what", choices=["sets", "long", "huge"])
+    ap.add_argument("--chars", type=int, default=20_000_000)
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--tokens", type=int, default=131072)
     ap.add_argument("--hidden", type=int, default=2048)
@@ -183,8 +205,10 @@ def main() -> int:
     a = ap.parse_args()
     if a.what == "sets":
         res = {"sets": sets([int(x) for x in a.sizes.split(",")], a.work)}
-    else:
+    elif a.what == "long":
         res = {"long": long_sample(a.tokens, a.hidden, a.work)}
+    else:
+        res = {"huge": huge_record(a.chars, a.work)}
     res["machine"] = {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]}
     print(json.dumps(res, indent=1))
     if a.out:
