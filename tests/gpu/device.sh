@@ -7,14 +7,17 @@
 #   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
 #   bash tests/gpu/device.sh product    # bench/product.py (python -m recipe vs plain) -> $OUT/product.json, logs
 #   bash tests/gpu/device.sh draft      # bench/draft.py all -> $OUT/draft.json, draft.log, draft-logs.tgz
+#   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
+# SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2) goes to /tmp/peer, apart.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" /tmp/site
-for d in a b r s; do
-  if [ -d .gpu-wheels/$d ] && [ ! -e /tmp/site/.installed-$d ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu-wheels/$d/*.whl \
-      && touch /tmp/site/.installed-$d && echo "installed wheel folder $d"
+mkdir -p "$OUT" /tmp/site /tmp/peer
+for d in a b r s p1 p2; do
+  site=/tmp/site; [[ $d == p* ]] && site=/tmp/peer
+  if [ -d .gpu-wheels/$d ] && [ ! -e $site/.installed-$d ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .gpu-wheels/$d/*.whl \
+      && touch $site/.installed-$d && echo "installed wheel folder $d into $site"
   fi
 done
 python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" || exit 0
@@ -32,6 +35,9 @@ case "${1:-install}" in
     timeout 585 python3 bench/product.py --out "$OUT/product.json" "${@:2}" 2>&1 | tee "$OUT/product.log" | grep -v "HTTP Request" | tail -40
     cp /tmp/bench-product/recipe-*.log "$OUT/" 2>/dev/null
     for f in $(find /tmp/bench-product /tmp/bench -name server.log 2>/dev/null); do echo "=== $f"; tail -n 60 "$f"; done > "$OUT/product-servers.log" 2>&1 ;;
+  peers)
+    timeout 585 python3 bench/peers.py --out "$OUT/peers.json" "${@:2}" 2>&1 | tee "$OUT/peers.log" | grep -v "HTTP Request" | tail -60
+    cp /tmp/bench-peers/*.log "$OUT/" 2>/dev/null ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;
