@@ -9,6 +9,8 @@ keeps `except` clauses written for the builtin working.
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     pass
@@ -28,3 +30,18 @@ class ModelDirError(UserError, FileNotFoundError):
 
 class OutputDirError(UserError, ValueError):
     """output_dir or the dump folder cannot be used."""
+
+
+class DiskFull(UserError, OSError):
+    """A full disk (ENOSPC), met anywhere in a run: the output's filesystem or the dump folder's RAM
+    disk. What is durable stays and the same command resumes the rest. The packer raises its own as
+    this type; `recipe.main.run` is the one place that handles it."""
+
+
+def disk_full(e: BaseException | None) -> DiskFull | None:
+    """The full disk behind an error (the error itself, or its cause or context), as a DiskFull."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e if isinstance(e, DiskFull) else DiskFull(e.errno, e.strerror, e.filename)
+        e = e.__cause__ or e.__context__
+    return None

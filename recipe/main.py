@@ -12,7 +12,6 @@ python -m recipe experiment=kimi-k2.5 # production, patched SGLang
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ from . import preflight, schema, units
 from .backends import make_backend
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .data import Plan, build_plan, sample_key
-from .errors import ModelDirError, OutputDirError, UserError
+from .errors import ModelDirError, OutputDirError, UserError, disk_full
 from .packer import Packer, Progress
 from .provenance import backend_provenance, capture_spec, identity, model_fingerprint, tokenizer_provenance, versions
 from .shards.codec import Codec
@@ -70,7 +69,9 @@ class Captured:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Returns the run's accounting. Raises RunFailed (non-zero exit) if any sample failed."""
+    """Returns the run's accounting. Raises RunFailed (non-zero exit) if any sample failed, and on a
+    full disk, wherever it was met (here only: the packer's comes as DiskFull)."""
+    job = None
     try:
         job = plan(cfg)
         with job.store:
@@ -81,10 +82,11 @@ def run(cfg: DictConfig) -> dict:
                 return finish(cfg, job, cap)  # every sample durable, the manifest written...
             finally:
                 cap.wait_for_the_server()  # ...then the server gone, then the exit
-    except OSError as e:  # a full disk outside the packer (the store, the manifest, the dump folder): nothing is lost
-        if e.errno != errno.ENOSPC:
+    except OSError as e:  # the packer's stop has committed what is durable: nothing is lost
+        full = disk_full(e)
+        if full is None:
             raise
-        raise RunFailed(f"{full_disk_message(e, cfg)}, then run the same command again to resume") from e
+        raise RunFailed(full_disk_message(full, cfg, job)) from e
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -228,7 +230,8 @@ def capture(cfg, job: Job) -> Captured:
     """Compute and store every sample still to do. On the way out, in this order: the packer drains
     (the server's writer may still hold the last passes), the backend closes (a server it launched
     begins its shutdown beside what follows: nothing durable waits on its drain), the packer stops
-    (final commit), the dump folder goes. A signal or a full disk ends it early but cleanly."""
+    (final commit), the dump folder goes. A signal ends it early but cleanly; a full disk ends the
+    run (`run`)."""
     stop, started, interrupted, stopping = threading.Event(), time.time(), None, None
     with graceful_stop(stop), dump_folder(cfg) as dump_dir:
         budget = int(cfg.capture.budget_gb * (1 << 30))
@@ -250,12 +253,6 @@ def capture(cfg, job: Job) -> Captured:
                     interrupted = "interrupted by a signal"
             except KeyboardInterrupt:
                 interrupted = "interrupted"
-            except RuntimeError as e:
-                full = disk_full(e)
-                if full is None:
-                    raise
-                need = units.size(preflight.estimate(job.todo, len(job.slots), job.shape.hidden_size)[1])
-                interrupted = full_disk_message(full, cfg) + f" (the whole run stores about {need})"
     progress.maybe_log(force=True)
     return Captured(packer, progress, started, interrupted, stopping)
 
@@ -282,24 +279,20 @@ def dump_folder(cfg):
     return owned_dump_dir(cfg.capture.dump_dir)
 
 
-def disk_full(e: BaseException) -> OSError | None:
-    """The ENOSPC behind a packer failure, if that is what it was."""
-    while e is not None:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def full_disk_message(err: OSError, cfg) -> str:
-    """Which disk is full, named by the file that could not be written: the RAM disk of the dump
-    folder, or the output's filesystem."""
+def full_disk_message(err: OSError, cfg, job: Job | None) -> str:
+    """Which disk is full, named by the file that could not be written (the RAM disk of the dump
+    folder, or the output's filesystem), what the whole run needs, and the command that resumes."""
     if err.filename and Path(str(err.filename)).resolve().is_relative_to(Path(cfg.capture.dump_dir).resolve()):
-        return (
+        what = (
             f"the RAM disk of capture.dump_dir={cfg.capture.dump_dir} is full ({err}): lower "
             "capture.budget_gb or enlarge it (docker: ipc: host or shm_size)"
         )
-    return f"output disk full ({err}): free space on the filesystem of {cfg.output_dir}"
+    else:
+        what = f"output disk full ({err}): free space on the filesystem of {cfg.output_dir}"
+        if job is not None and job.todo:
+            need = preflight.estimate(job.todo, len(job.slots), job.shape.hidden_size)[1]
+            what += f" (this run stores about {units.size(need)})"
+    return f"{what}; what is stored is kept: run the same command again to resume: {resume_command(cfg)}"
 
 
 @contextlib.contextmanager
@@ -350,14 +343,7 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
         "run": {"started": cap.started, "seconds": round(time.time() - cap.started, 3), "interrupted": cap.interrupted},
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
     }
-    try:
-        manifest = job.store.write_manifest(fields)
-    except OSError as e:  # a full disk: the index is intact, and the next run writes the manifest
-        if e.errno != errno.ENOSPC:
-            raise
-        log.error("could not write the manifest (%s); the index is intact and resume rebuilds it", e)
-        manifest = None
-        cap.interrupted = cap.interrupted or f"output disk full ({e}) while writing the manifest"
+    manifest = job.store.write_manifest(fields)  # a full disk here: `run` says so; resume rewrites it
     print_summary(Path(cfg.output_dir), counts, the_plan, packer, manifest)
     fail_unless_whole(cfg, counts, cap)
     return counts
@@ -423,13 +409,12 @@ def print_summary(out, counts, the_plan, packer, manifest) -> None:
         f" + skipped {sum(counts['skipped'].values())} + failed {sum(counts['failed'].values())}"
         + (f" + not done {counts['not_done']}" if counts["not_done"] else ""),
     ]
-    if manifest is not None:
-        t = manifest["totals"]
-        ratio = f"{t['raw_bytes'] / t['stored_bytes']:.3f}x" if t["stored_bytes"] else "n/a"
-        lines.append(
-            f"stored: {t['samples']} samples, {t['tokens']} tokens, {units.size(t['stored_bytes'])} "
-            f"(raw {units.size(t['raw_bytes'])}, ratio {ratio})"
-        )
+    t = manifest["totals"]
+    ratio = f"{t['raw_bytes'] / t['stored_bytes']:.3f}x" if t["stored_bytes"] else "n/a"
+    lines.append(
+        f"stored: {t['samples']} samples, {t['tokens']} tokens, {units.size(t['stored_bytes'])} "
+        f"(raw {units.size(t['raw_bytes'])}, ratio {ratio})"
+    )
     for kind, ex in (("skipped", the_plan.examples), ("failed", packer.examples)):
         for reason, n in counts[kind].items():
             lines.append(f"  {kind} {reason}: {n}" + (f"  e.g. {ex[reason][0]}" if ex.get(reason) else ""))

@@ -22,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "packer_full_disk_raised_as_a_bug": (
+        "recipe/packer/scheduler.py",
+        "        if full is not None:  # a worker's frame",
+        "        if False:  # a worker's frame",
+        ["tests/test_reliability.py::test_output_disk_full_stops_cleanly_and_resumes"],
+    ),
+    "export_full_disk_as_a_traceback": (
+        "recipe/shards/__main__.py",
+        "        if full is None:\n            raise\n",
+        "        if True:\n            raise\n",
+        ["tests/test_export.py::test_a_full_disk_during_export_is_one_line_and_names_it"],
+    ),
     "a_full_ram_disk_blamed_on_the_output": (
         "recipe/main.py",
         "Path(str(err.filename)).resolve().is_relative_to(Path(cfg.capture.dump_dir).resolve()):",

@@ -315,3 +315,17 @@ def test_cli_prints_the_draft_config_and_progress(shards, tmp_path):
         text=True,
     )
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--overwrite" in res.stderr
+
+
+def test_a_full_disk_during_export_is_one_line_and_names_it(shards, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from recipe.shards.__main__ import main
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "sf" / "x"))
+
+    monkeypatch.setattr(torch, "save", full)  # each sample's file
+    assert main(["export", "--to", "specforge", str(shards), str(tmp_path / "sf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: disk full (") and "run the command again" in err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UserError, disk_full
 from ..schema import CaptureConfig, ShardsConfig
 from ..shards.codec import Codec
 from .books import Books, Pending, drop_pieces
@@ -105,6 +105,9 @@ class Packer:
     def _raise_error(self):
         if isinstance(self.error, UserError):  # the user's to fix: as it was raised, one line
             raise self.error
+        full = disk_full(self.error)
+        if full is not None:  # a worker's frame, the index or a commit: the run ends, resume redoes the rest
+            raise full from self.error
         raise RuntimeError("packer failed") from self.error
 
     def stop(self) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from ..errors import CorruptFile, NotAShardSet, UserError
+from ..errors import CorruptFile, NotAShardSet, UserError, disk_full
 from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
 from .reader import ShardReader, check_record
 from .repair import record_ends
@@ -191,6 +191,12 @@ def main(argv=None) -> int:
         return command(argv)
     except UserError as e:  # the user's to fix: one line; anything else is a bug and keeps its traceback
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # export and merge write gigabytes: a full disk is the user's to free
+        full = disk_full(e)
+        if full is None:
+            raise
+        print(f"error: disk full ({full}): free space there, then run the command again", file=sys.stderr)
         return 2
 
 
