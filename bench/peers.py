@@ -149,37 +149,20 @@ def stamped_lines(p: subprocess.Popen, log_path: Path) -> list[tuple[float, str]
     return lines
 
 
+def specforge_command(args, model_dir: Path, data: Path, out: Path) -> list[str]:
+    """Its docs' command (torchrun, one process), its defaults but for the attention backend."""
+    work = Path(args.work)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", args.specforge_script]
+    cmd += ["--target-model-path", str(model_dir), "--data-path", str(data), "--output-path", str(out)]
+    cmd += ["--chat-template", "llama3", "--max-length", str(args.max_length), "--tp-size", "1", "--batch-size", "32"]
+    cmd += ["--draft-model-config", str(draft_config(work)), "--sglang-attention-backend", args.attention_backend]
+    return cmd + ["--cache-dir", str(work / "specforge-cache")]
+
+
 def specforge_arm(args, model_dir: Path, data: Path) -> dict:
     out, work = Path(args.work) / "out-specforge", Path(args.work)
     env = dict(os.environ, PYTHONPATH=f"{args.peer_site}:{os.environ.get('PYTHONPATH', '')}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=1",
-        args.specforge_script,
-        "--target-model-path",
-        str(model_dir),
-        "--data-path",
-        str(data),
-        "--output-path",
-        str(out),
-        "--chat-template",
-        "llama3",
-        "--max-length",
-        str(args.max_length),
-        "--tp-size",
-        "1",
-        "--batch-size",
-        "32",
-        "--draft-model-config",
-        str(draft_config(work)),
-        "--sglang-attention-backend",
-        args.attention_backend,
-        "--cache-dir",
-        str(work / "specforge-cache"),
-    ]
+    cmd = specforge_command(args, model_dir, data, out)
     for d in (out, work / "specforge-cache"):  # it skips samples whose files exist, and caches its dataset
         shutil.rmtree(d, ignore_errors=True)
     t_start = time.time()

@@ -22,6 +22,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "stepwise_join_off_by_a_block": (
+        "recipe/shards/codec.py",
+        "b0, b1 = a // RAW_BLOCK, min(full.shape[0], (a + k) // RAW_BLOCK)",
+        "b0, b1 = a // RAW_BLOCK, min(full.shape[0], (a + k) // RAW_BLOCK + 1)",
+        ["tests/test_roundtrip.py::test_a_record_decoded_in_steps_is_the_stored_record_and_lets_its_pages_go"],
+    ),
+    "stepwise_keeps_frame_b_pages": (
+        "recipe/shards/codec.py",
+        "            release(b_start + 13 + b0 * (RAW_BLOCK + 3), b_start + 13 + b1 * (RAW_BLOCK + 3))\n",
+        "",
+        ["tests/test_roundtrip.py::test_a_record_decoded_in_steps_is_the_stored_record_and_lets_its_pages_go"],
+    ),
+    "reader_never_decodes_in_steps": (
+        "recipe/shards/reader.py",
+        '        if rec["length"] < STEPWISE_FROM or not hasattr(mmap, "MADV_DONTNEED"):',
+        "        if True:",
+        ["tests/test_roundtrip.py::test_the_reader_reads_a_long_record_in_steps_as_it_reads_a_short_one"],
+    ),
     "packer_full_disk_raised_as_a_bug": (
         "recipe/packer/scheduler.py",
         "        if full is not None:  # a worker's frame",

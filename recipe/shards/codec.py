@@ -330,12 +330,25 @@ class Recycler:
                 self._free.remove(min(self._free, key=len))
 
 
-def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> tuple[dict, dict]:
+def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = None, release=None) -> tuple[dict, dict]:
     """One record -> (meta, name -> numpy array; bf16 as uint16 bits). Raises CorruptRecord.
     recycler: where frame A's content and the 16-bit outputs are decoded into (a reader's own);
-    fresh memory if None."""
-    if expected_crc is not None and crc32(frame) != expected_crc:
-        raise CorruptRecord(f"crc32 mismatch (stored {expected_crc:#010x}, read {crc32(frame):#010x})")
+    fresh memory if None. release(start, end): the caller may drop frame[start:end] from memory (a
+    reader's mapped pages); given, a v2 record is decoded in steps (`_decode_in_steps`), so a
+    sample of gigabytes needs little beyond its output."""
+    if release is not None and _has_tail(frame):
+        pages = _Pages(frame, release)
+        try:
+            meta, out = _decode_in_steps(frame, pages, recycler, release)
+        except CorruptRecord:
+            pages.check_to(len(frame))  # damaged bytes: say so, rather than what they broke
+            _check_crc(pages.crc, expected_crc)
+            raise
+        pages.check_to(len(frame))
+        _check_crc(pages.crc, expected_crc)
+        return meta, out
+    if expected_crc is not None:
+        _check_crc(crc32(frame), expected_crc)
     try:
         # Frame A whole, in one read into a buffer of its content size: zstd then decodes straight
         # into it rather than through its window buffer and a copy. Frame B is ours.
@@ -354,19 +367,114 @@ def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = N
         out, last = {}, len(header["tensors"]) - 1
         for i, t in enumerate(header["tensors"]):
             n = int(np.prod(t["shape"], dtype=np.int64))
-            if t["transform"] != "byteplane":
-                arr, off = body[off : off + t["nbytes"]].copy(), off + t["nbytes"]
-            elif i == last and header.get("tail"):
+            if t["transform"] == "byteplane" and i == last and header.get("tail"):
                 arr, off = _join(body[off : off + n], raw_tail(frame, header["tail"]), take(n, np.uint16)), off + n
+                arr = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
             else:
-                lo = body[off + n : off + 2 * n]
-                arr, off = from_planes(body[off : off + n], lo, take(n, np.uint16)), off + 2 * n
-            out[t["name"]] = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
+                arr, off = _tensor(body, off, t, take)
+            out[t["name"]] = arr
     except CorruptRecord:
         raise
     except (zstd.ZstdError, struct.error, ValueError) as e:
         raise CorruptRecord(f"cannot decode sample frame: {e}") from e
     return header["meta"], out
+
+
+STEP = 64 * RAW_BLOCK  # values decoded and joined at a time by _decode_in_steps (8 MiB of high bytes)
+
+
+def _check_crc(got: int, expected: int | None) -> None:
+    if expected is not None and got != expected:
+        raise CorruptRecord(f"crc32 mismatch (stored {expected:#010x}, read {got:#010x})")
+
+
+def _has_tail(frame) -> bool:
+    try:
+        return bool(record_header(frame).get("tail"))
+    except CorruptRecord:
+        return False  # the whole decode says what is wrong
+
+
+class _Pages:
+    """Frame A handed to zstd a piece at a time; a piece's pages are let go when zstd asks for the
+    next one (it has consumed the last by then). The frame's crc32 is taken in order, as each byte
+    is first used (check_to), so the pages are read once."""
+
+    def __init__(self, frame, release):
+        self.frame, self.release = frame, release
+        self.pos = self.prev = self.checked = self.crc = 0
+
+    def check_to(self, end: int) -> None:
+        if end > self.checked:
+            self.crc, self.checked = crc32(self.frame[self.checked : end], self.crc), end
+
+    def read(self, n: int = -1):
+        self.release(self.prev, self.pos)
+        self.prev, self.pos = self.pos, len(self.frame) if n < 0 else min(len(self.frame), self.pos + n)
+        self.check_to(self.pos)
+        return self.frame[self.prev : self.pos]
+
+
+def _decode_in_steps(frame, pages: _Pages, recycler: Recycler | None, release) -> tuple[dict, dict]:
+    """decode() for a v2 record, holding at once only its output, what precedes the last tensor's
+    high plane, and STEP values of that plane with their low bytes: the high plane is decompressed
+    STEP values at a time and joined with frame B's blocks, each page released once passed. The
+    caller checks the crc32 that `pages` took on the way."""
+    take = recycler.take if recycler is not None else np.empty
+    header = record_header(frame)
+    *firsts, last = header["tensors"]
+    n = int(np.prod(last["shape"], dtype=np.int64))
+    try:
+        size = zstd.frame_content_size(frame)
+        if header.get("v") not in READS or last["transform"] != "byteplane" or not 0 <= n <= size:
+            raise CorruptRecord("record's tail does not follow a byte-planed last tensor")
+        r = zstd.ZstdDecompressor().stream_reader(pages, read_size=1 << 20)
+        head = take(size - n, np.uint8)  # the header and every tensor before the last one's high plane
+        _read_into(r, memoryview(head))
+        header, off = _header(head)
+        if off + sum(t["nbytes"] for t in firsts) + n != size:
+            raise CorruptRecord(f"frame A holds {size} bytes, its header says otherwise")
+        out = {}
+        for t in firsts:
+            arr, off = _tensor(head, off, t, take)
+            out[t["name"]] = arr
+        full, tail = raw_tail(frame, header["tail"])
+        if full.size + tail.size != n:
+            raise CorruptRecord(f"low plane holds {full.size + tail.size} bytes for {n} values")
+        b_start = len(frame) - (13 + 3 * (full.shape[0] + 1) + n)  # frame B: 13-byte head, 3-byte block heads
+        words, high = take(n, np.uint16), np.empty(min(STEP, n), np.uint8)
+        for a in range(0, n, STEP):
+            k = min(STEP, n - a)
+            _read_into(r, memoryview(high[:k]))
+            b0, b1 = a // RAW_BLOCK, min(full.shape[0], (a + k) // RAW_BLOCK)
+            pages.check_to(len(frame) if a + k == n else b_start + 13 + b1 * (RAW_BLOCK + 3))
+            _join_blocks(high[:k], full[b0:b1], tail if a + k == n else tail[:0], words[a : a + k])
+            release(b_start + 13 + b0 * (RAW_BLOCK + 3), b_start + 13 + b1 * (RAW_BLOCK + 3))
+        out[last["name"]] = words.view(DTYPES[last["dtype"]]).reshape(last["shape"])
+    except CorruptRecord:
+        raise
+    except (zstd.ZstdError, struct.error, ValueError) as e:
+        raise CorruptRecord(f"cannot decode sample frame: {e}") from e
+    return header["meta"], out
+
+
+def _join_blocks(high: np.ndarray, full: np.ndarray, last: np.ndarray, out: np.ndarray) -> None:
+    """high [k] and the low bytes of `full` [blocks, RAW_BLOCK] then `last` -> out [k]."""
+    for i in range(full.shape[0]):
+        s = slice(i * RAW_BLOCK, (i + 1) * RAW_BLOCK)
+        from_planes(high[s], full[i], out[s])
+    if last.size:
+        from_planes(high[full.size :], last, out[full.size :])
+
+
+def _tensor(body: np.ndarray, off: int, t: dict, take) -> tuple[np.ndarray, int]:
+    """One tensor held whole in frame A's content at `off` -> (array, the offset after it)."""
+    n = int(np.prod(t["shape"], dtype=np.int64))
+    if t["transform"] != "byteplane":
+        arr, off = body[off : off + t["nbytes"]].copy(), off + t["nbytes"]
+    else:
+        arr, off = from_planes(body[off : off + n], body[off + n : off + 2 * n], take(n, np.uint16)), off + 2 * n
+    return arr.view(DTYPES[t["dtype"]]).reshape(t["shape"]), off
 
 
 def _join(high: np.ndarray, low: list, out: np.ndarray) -> np.ndarray:

@@ -17,6 +17,8 @@ from ..errors import NotAShardSet
 from .codec import CorruptRecord, Recycler, decode
 from .store import SHARD_DIR, read_index, read_manifest
 
+STEPWISE_FROM = 256 << 20  # records this long (bytes stored) are decoded in steps, their pages let go
+
 
 def to_torch(arr: np.ndarray, dtype: str):
     import torch
@@ -92,10 +94,25 @@ class ShardReader:
             raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
         return memoryview(m)[rec["offset"] : end]
 
+    def _release(self, rec: dict):
+        """For a record of gigabytes: lets decode drop the mapped pages it has passed, so a read
+        holds its output, not the shard's pages as well (they stay in the page cache)."""
+        if rec["length"] < STEPWISE_FROM or not hasattr(mmap, "MADV_DONTNEED"):
+            return None
+        m, base, page = self._maps[rec["shard"]], rec["offset"], mmap.PAGESIZE
+
+        def release(a: int, b: int) -> None:
+            lo, hi = -(-(base + a) // page) * page, (base + b) // page * page  # whole pages inside
+            if hi > lo:
+                m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+        return release
+
     def get_numpy(self, sample_id: str) -> tuple[dict, dict[str, np.ndarray]]:
         rec = self.by_id[sample_id]
         try:
-            meta, arrs = decode(self.read_frame(rec), rec["crc32"], self._recycler)
+            frame = self.read_frame(rec)
+            meta, arrs = decode(frame, rec["crc32"], self._recycler, self._release(rec))
             check_record(rec, meta, arrs)
             return meta, arrs
         except CorruptRecord as e:
