@@ -29,6 +29,7 @@ class Checked:
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (sample id, why)
     cuts: list[tuple[str, int, int]] = field(default_factory=list)  # (shard, cut at, bytes dropped)
     left: list[tuple[str, str]] = field(default_factory=list)  # (shard, why its extra bytes stay)
+    ends: dict[str, int] = field(default_factory=dict)  # per shard, where its last kept record ends
 
 
 def _mapped(path: Path):
@@ -78,8 +79,9 @@ def check(shard_dir: Path, records: list[dict], deep: bool = False) -> Checked:
         if m is not None:
             m.close()
     kept = [r for r in unique if r["id"] not in bad]
-    cuts, left = _tails(shard_dir, kept, {r["id"]: (r["shard"], r["offset"]) for r in records})
-    return Checked(kept, dropped + list(bad.items()), cuts, left)
+    ends = record_ends(kept)
+    cuts, left = _tails(shard_dir, ends, records)
+    return Checked(kept, dropped + list(bad.items()), cuts, left, ends)
 
 
 def record_ends(records) -> dict[str, int]:
@@ -90,12 +92,11 @@ def record_ends(records) -> dict[str, int]:
     return ends
 
 
-def _tails(shard_dir: Path, kept: list[dict], indexed: dict[str, tuple]) -> tuple[list, list]:
-    """Bytes past each shard's last kept record: cut if they start with a crashed run's uncommitted
-    record (one no index line names) or with the very record a dropped line placed there (damaged,
-    and redone); else left."""
-    ends = record_ends(kept)
-    cuts, left = [], []
+def _tails(shard_dir: Path, ends: dict[str, int], records: list[dict]) -> tuple[list, list]:
+    """Bytes past each shard's last kept record (`ends`): cut if they start with a crashed run's
+    uncommitted record (one no index line names) or with the very record a dropped line placed there
+    (damaged, and redone); else left. `records`: every index line, looked up only where bytes follow."""
+    cuts, left, indexed = [], [], None
     for f in sorted(shard_dir.glob("shard-*.bin")):
         size, want = f.stat().st_size, ends.get(f.name, 0)
         if size <= want:
@@ -110,6 +111,8 @@ def _tails(shard_dir: Path, kept: list[dict], indexed: dict[str, tuple]) -> tupl
             if not head.startswith(ZSTD_MAGIC):
                 left.append((f.name, f"{size - want} bytes after offset {want} are not a record"))
                 continue
+        if indexed is None:  # a million lines: built only for a set that has a tail to judge
+            indexed = {r["id"]: (r["shard"], r["offset"]) for r in records}
         if first in indexed and indexed[first] != (f.name, want):
             left.append(
                 (f.name, f"the bytes after offset {want} hold sample {first}, which the index places elsewhere")
