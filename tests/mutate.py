@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "index_line_read_up_to_its_first_record": (
+        "recipe/shards/store.py",
+        "        if end == len(line):\n",
+        "        if True:\n",
+        ["tests/test_integrity.py::test_an_index_line_is_json_exactly_as_json_reads_it"],
+    ),
     "stepwise_join_off_by_a_block": (
         "recipe/shards/codec.py",
         "b0, b1 = a // RAW_BLOCK, min(full.shape[0], (a + k) // RAW_BLOCK)",
