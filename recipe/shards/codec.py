@@ -337,10 +337,11 @@ def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = N
     fresh memory if None. release(start, end): the caller may drop frame[start:end] from memory (a
     reader's mapped pages); given, a v2 record is decoded in steps (`_decode_in_steps`), so a
     sample of gigabytes needs little beyond its output."""
-    if release is not None and _has_tail(frame):
+    header = _tail_header(frame) if release is not None else None
+    if header is not None:
         pages = _Pages(frame, release)
         try:
-            meta, out = _decode_in_steps(frame, pages, recycler, release)
+            meta, out = _decode_in_steps(frame, header, pages, recycler, release)
         except CorruptRecord:
             pages.check_to(len(frame))  # damaged bytes: say so, rather than what they broke
             _check_crc(pages.crc, expected_crc)
@@ -389,11 +390,13 @@ def _check_crc(got: int, expected: int | None) -> None:
         raise CorruptRecord(f"crc32 mismatch (stored {expected:#010x}, read {got:#010x})")
 
 
-def _has_tail(frame) -> bool:
+def _tail_header(frame) -> dict | None:
+    """The header of a record whose last tensor's low plane is frame B (decodable in steps), else None."""
     try:
-        return bool(record_header(frame).get("tail"))
+        header = record_header(frame)
     except CorruptRecord:
-        return False  # the whole decode says what is wrong
+        return None  # the whole decode says what is wrong
+    return header if header.get("tail") else None
 
 
 class _Pages:
@@ -416,13 +419,12 @@ class _Pages:
         return self.frame[self.prev : self.pos]
 
 
-def _decode_in_steps(frame, pages: _Pages, recycler: Recycler | None, release) -> tuple[dict, dict]:
+def _decode_in_steps(frame, header: dict, pages: _Pages, recycler: Recycler | None, release) -> tuple[dict, dict]:
     """decode() for a v2 record, holding at once only its output, what precedes the last tensor's
     high plane, and STEP values of that plane with their low bytes: the high plane is decompressed
     STEP values at a time and joined with frame B's blocks, each page released once passed. The
     caller checks the crc32 that `pages` took on the way."""
     take = recycler.take if recycler is not None else np.empty
-    header = record_header(frame)
     *firsts, last = header["tensors"]
     n = math.prod(last["shape"])
     try:
@@ -432,7 +434,7 @@ def _decode_in_steps(frame, pages: _Pages, recycler: Recycler | None, release) -
         r = zstd.ZstdDecompressor().stream_reader(pages, read_size=1 << 20)
         head = take(size - n, np.uint8)  # the header and every tensor before the last one's high plane
         _read_into(r, memoryview(head))
-        header, off = _header(head)
+        off = _header(head)[1]
         if off + sum(t["nbytes"] for t in firsts) + n != size:
             raise CorruptRecord(f"frame A holds {size} bytes, its header says otherwise")
         out = {}
@@ -449,7 +451,7 @@ def _decode_in_steps(frame, pages: _Pages, recycler: Recycler | None, release) -
             _read_into(r, memoryview(high[:k]))
             b0, b1 = a // RAW_BLOCK, min(full.shape[0], (a + k) // RAW_BLOCK)
             pages.check_to(len(frame) if a + k == n else b_start + 13 + b1 * (RAW_BLOCK + 3))
-            _join_blocks(high[:k], full[b0:b1], tail if a + k == n else tail[:0], words[a : a + k])
+            _join(high[:k], [full[b0:b1], tail if a + k == n else tail[:0]], words[a : a + k])
             release(b_start + 13 + b0 * (RAW_BLOCK + 3), b_start + 13 + b1 * (RAW_BLOCK + 3))
         out[last["name"]] = words.view(DTYPES[last["dtype"]]).reshape(last["shape"])
     except CorruptRecord:
@@ -457,15 +459,6 @@ def _decode_in_steps(frame, pages: _Pages, recycler: Recycler | None, release) -
     except (zstd.ZstdError, struct.error, ValueError) as e:
         raise CorruptRecord(f"cannot decode sample frame: {e}") from e
     return header["meta"], out
-
-
-def _join_blocks(high: np.ndarray, full: np.ndarray, last: np.ndarray, out: np.ndarray) -> None:
-    """high [k] and the low bytes of `full` [blocks, RAW_BLOCK] then `last` -> out [k]."""
-    for i in range(full.shape[0]):
-        s = slice(i * RAW_BLOCK, (i + 1) * RAW_BLOCK)
-        from_planes(high[s], full[i], out[s])
-    if last.size:
-        from_planes(high[full.size :], last, out[full.size :])
 
 
 def _tensor(body: np.ndarray, off: int, t: dict, take) -> tuple[np.ndarray, int]:

@@ -111,23 +111,24 @@ def read_index(root: Path, repair: bool = False) -> list[dict]:
         return []
     raw = path.read_bytes()
     cut = raw.rfind(b"\n") + 1
+
+    def corrupt(n: int) -> CorruptFile:
+        return CorruptFile(
+            f"{path}: line {n} is not JSON; the index is corrupt (`python -m recipe.shards rebuild-index "
+            f"{root}` rebuilds it from the shards)"
+        )
+
     try:
         text = raw[:cut].decode("utf-8")
     except UnicodeDecodeError as e:
-        text, bad = "", raw.count(b"\n", 0, e.start) + 1
+        raise corrupt(raw.count(b"\n", 0, e.start) + 1) from None
     records = []
     for n, line in enumerate(text.split("\n"), 1):
         if line:
             try:
                 records.append(index_line(line))
             except json.JSONDecodeError:
-                text, bad = "", n
-                break
-    if not text and cut:
-        raise CorruptFile(
-            f"{path}: line {bad} is not JSON; the index is corrupt (`python -m recipe.shards rebuild-index "
-            f"{root}` rebuilds it from the shards)"
-        )
+                raise corrupt(n) from None
     if repair and cut != len(raw):
         with open(path, "r+b") as f:
             f.truncate(cut)
