@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "export_chunks_out_of_order": (
+        "recipe/shards/export.py",
+        "            rows += part.rows\n",
+        "            rows = part.rows + rows\n",
+        ["tests/test_export.py::test_an_export_spread_over_processes_writes_what_one_process_writes"],
+    ),
     "index_line_read_up_to_its_first_record": (
         "recipe/shards/store.py",
         "        if end == len(line):\n",

@@ -2,7 +2,7 @@
 
 inspect DIR                       summary: counts, sizes, ratio, provenance
 verify DIR                        every checksum, frame and count; exit 1 on any problem
-export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT]
+export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT] [--workers N]
 merge OUT IN [IN ...]             one index + manifest over several shard sets
 rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -219,6 +220,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model-dir", type=Path, help="the target checkpoint (default: the manifest's model.path)")
     e.add_argument("--gzip", action="store_true", help="specforge: data_i.ckpt.gz (its loader reads both)")
     e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
+    e.add_argument(
+        "--workers", type=int, default=min(8, os.cpu_count() or 1),
+        help="processes writing files (default: the cores, at most 8); 1 writes in this process",
+    )  # fmt: skip
     e.add_argument("dir", type=Path)
     e.add_argument("out", type=Path)
     sub.add_parser("rebuild-index").add_argument("dir", type=Path)
@@ -256,7 +261,7 @@ def export_command(a: argparse.Namespace) -> int:
 
     try:
         info = export(a.to, a.dir, a.out, final_norm=a.final_norm, model_dir=a.model_dir, compress=a.gzip,
-                      overwrite=a.overwrite)  # fmt: skip
+                      overwrite=a.overwrite, workers=a.workers)  # fmt: skip
     except ExportError as e:
         print(f"export refused: {e}", file=sys.stderr)
         return 2

@@ -21,18 +21,23 @@ speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset +
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from .reader import ShardReader
 
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
+EXPORT_CHUNK = 64  # samples per unit of work: small enough to spread, large enough to amortise
 FINAL_NORM_MODES = ("pre-norm-equivalent", "refuse", "keep-post-norm")
 
 
@@ -152,15 +157,18 @@ def export(
     compress: bool = False,
     overwrite: bool = False,
     log=sys.stderr,
+    workers: int = 1,
 ) -> dict:
     """Write `src`'s samples in trainer `fmt` to `out`, atomically: the files are built in a
     sibling staging folder and moved into place at the end, so a refused or failed export leaves
-    nothing and a finished one is complete. Returns export_info."""
+    nothing and a finished one is complete. `workers` processes write it. Returns export_info."""
     r = ShardReader(src)
     out = Path(out)
     cap = r.manifest["capture"]
     n_aux = len(cap["layers"])
     refuse_unless_exportable(fmt, r, out, final_norm, overwrite)
+    if workers < 1:
+        raise ExportError(f"--workers {workers}: at least 1")
     norm_w = None
     if fmt == "speculators" and final_norm == "pre-norm-equivalent":
         norm_w = final_norm_weight(model_dir_of(r, model_dir))
@@ -176,7 +184,8 @@ def export(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        rows, columns = _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log)
+        job = ExportJob(fmt, str(src), str(stage), n_aux, final_norm, norm_w, compress)
+        rows, columns = _write_samples(job, r, workers, log)
         if fmt == "speculators":
             _write_arrow(columns, stage)
             info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in cap["layers"]] + (
@@ -216,22 +225,52 @@ def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: st
         )
 
 
-def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):
-    """One file per sample, numbered in index order; returns the mapping rows and the columns of
-    speculators' Arrow table."""
+@dataclass(frozen=True)
+class ExportJob:
+    """What every worker needs to write its range of samples (picklable into spawn workers)."""
+
+    fmt: str
+    src: str
+    stage: str
+    n_aux: int
+    final_norm: str
+    norm_w: object  # the final-norm weight (speculators' pre-norm equivalent), else None
+    compress: bool
+
+
+@dataclass(frozen=True)
+class ExportPart:
+    """Samples [lo, hi) written: their samples.jsonl rows, speculators' columns, bytes written."""
+
+    rows: list
+    columns: dict
+    nbytes: int
+
+
+_WORKER_READER: ShardReader | None = None  # one reader per worker process (opening one reads the index)
+
+
+def _open_worker_reader(src: str) -> None:
+    global _WORKER_READER
+    _WORKER_READER = ShardReader(src)
+
+
+def _write_range(job: ExportJob, lo: int, hi: int, r: ShardReader | None = None) -> ExportPart:
+    """Samples lo..hi-1 (index order) as one file each."""
     import torch
     from safetensors.torch import save_file
 
-    rows, columns = [], {"input_ids": [], "loss_mask": [], "seq_len": []}
-    t0 = last = time.monotonic()
-    nbytes = 0
-    for i, sid in enumerate(r.ids):
+    r = r or _WORKER_READER
+    stage, rows, nbytes = Path(job.stage), [], 0
+    columns = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    for i in range(lo, hi):
+        sid = r.records[i]["id"]  # (r.ids builds the whole list)
         x = r.get(sid)
-        if fmt == "specforge":
-            rel = specforge_file(i) + (".gz" if compress else "")
+        if job.fmt == "specforge":
+            rel = specforge_file(i) + (".gz" if job.compress else "")
             (stage / rel).parent.mkdir(exist_ok=True)
-            rec = specforge_raw(x, n_aux)
-            if compress:
+            rec = specforge_raw(x, job.n_aux)
+            if job.compress:
                 with gzip.open(stage / rel, "wb", compresslevel=6) as f:
                     torch.save(rec, f)
             else:
@@ -239,21 +278,46 @@ def _write_samples(fmt, r, stage, n_aux, final_norm, norm_w, compress, log):
         else:
             rel = f"hidden_states/hs_{i}.safetensors"
             (stage / rel).parent.mkdir(exist_ok=True)
-            save_file(speculators_raw(x, n_aux, final_norm, norm_w), str(stage / rel))
+            save_file(speculators_raw(x, job.n_aux, job.final_norm, job.norm_w), str(stage / rel))
         os.chmod(stage / rel, 0o644)
         nbytes += (stage / rel).stat().st_size
         rows.append({"index": i, "file": rel, "id": sid, "tokens": int(x["input_ids"].shape[0])})
-        if fmt == "speculators":
+        if job.fmt == "speculators":
             columns["input_ids"].append(x["input_ids"].long().tolist())
             columns["loss_mask"].append(x["loss_mask"].long().tolist())
             columns["seq_len"].append(rows[-1]["tokens"])
-        if time.monotonic() - last > 5 or i + 1 == len(r):
-            last, dt = time.monotonic(), max(time.monotonic() - t0, 1e-9)
-            print(
-                f"export {fmt}: {i + 1}/{len(r)} samples, {nbytes / 1e6:.0f} MB written, {nbytes / 1e6 / dt:.0f} MB/s",
-                file=log,
-                flush=True,
+    return ExportPart(rows, columns, nbytes)
+
+
+def _write_samples(job: ExportJob, r: ShardReader, workers: int, log):
+    """One file per sample, numbered in index order, in chunks spread over `workers` processes (one
+    process decodes ~1.4 GB/s; a node's export of a terabyte needs more than one); returns the
+    mapping rows and the columns of speculators' Arrow table, both in index order."""
+    n = len(r)
+    chunks = [(lo, min(lo + EXPORT_CHUNK, n)) for lo in range(0, n, EXPORT_CHUNK)]
+    rows, columns = [], {"input_ids": [], "loss_mask": [], "seq_len": []}
+    t0 = last = time.monotonic()
+    nbytes = done = 0
+    with contextlib.ExitStack() as stack:
+        if workers > 1 and len(chunks) > 1:
+            ctx = multiprocessing.get_context("spawn")  # torch in the parent: no fork
+            pool = stack.enter_context(
+                ProcessPoolExecutor(min(workers, len(chunks)), ctx, _open_worker_reader, (job.src,))
             )
+            parts = pool.map(_write_range, *zip(*[(job, lo, hi) for lo, hi in chunks]))
+        else:
+            parts = (_write_range(job, lo, hi, r) for lo, hi in chunks)
+        for part in parts:  # in chunk order, as each finishes
+            rows += part.rows
+            for k, v in part.columns.items():
+                columns[k] += v
+            nbytes, done = nbytes + part.nbytes, done + len(part.rows)
+            if time.monotonic() - last > 5 or done == n:
+                last, mb = time.monotonic(), nbytes / 1e6
+                rate = mb / max(last - t0, 1e-9)
+                print(
+                    f"export {job.fmt}: {done}/{n} samples, {mb:.0f} MB written, {rate:.0f} MB/s", file=log, flush=True
+                )
     return rows, columns
 
 
