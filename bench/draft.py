@@ -7,22 +7,24 @@ Steps (each a subcommand; `all` runs them in order and skips what the work folde
 later call resumes where an earlier one stopped):
   target   a Llama-shaped byte-level target (8 layers, hidden 512) trained for a few minutes on the
            host's Python sources in chat form (a code window as the user turn, what follows as the
-           reply); held-out loss on files it never saw; bf16 safetensors that SGLang and HF both load.
+           reply); held-out loss on files it never saw; then its final norm weight made uneven without
+           changing its function (spread_final_norm); bf16 safetensors that SGLang and HF both load.
            Under `all`, the data server starts on the untrained weights meanwhile (a fresh machine
            compiles SGLang's kernels while the target trains)
   data     the target served by SGLang (the trained weights loaded into that server through
            /update_weights_from_disk, checked by a reply that changes; else a fresh server): held-in
-           prompts answered by the target itself (sampled, as EAGLE-3 practice regenerates data), sent
-           as batch requests, written as chat JSONL; held-out prompts kept aside
+           prompts answered by the target itself (as EAGLE-3 practice regenerates data; greedy by
+           default, as the measure decodes), sent as batch requests, written as chat JSONL; held-out prompts kept aside
   extract  `python -m recipe backend=sglang ...` as a user runs it, at the EAGLE-3 default layers for
            8 layers; and, at the same time, the same run one layer deeper (the off-by-one control's shards)
   train    SpecForge 0.2.0's own `specforge train` (its CLI, config schema, sampler, collator, loss),
            every arm at once: reading the shards directly (recipe.shards.trainers.specforge_reads_shards),
-           once from `python -m recipe.shards export --to specforge`, and the controls; then `specforge
-           export --to sglang` for each. Also: how often the wrong-norm control's teacher argmax differs
+           from `python -m recipe.shards export --to specforge` (the first --export-steps steps of the
+           same schedule, compared step for step), and the controls; then `specforge export --to
+           sglang` for each served draft. Also: how often the wrong-norm control's teacher argmax differs
   serve    SGLang 0.5.16 with each draft (--speculative-algorithm EAGLE3, 3 steps, top-k 1, 4 draft
            tokens) on held-out prompts: acceptance length for every draft, decode tokens/s at batch 1
-           and 16 for the real draft and for the target alone, each alone on the GPU
+           and 16 for the real draft and for the target alone; each measured with the GPU to itself
 
 Controls (same training, one thing wrong):
   permuted     aux slots concatenated in another order than the draft config's
@@ -70,6 +72,7 @@ SERVE = BASE + ["--mem-fraction-static", "0.08", "--max-total-tokens", "65536"]
 # untrained target while the target trains, so a fresh machine compiles SGLang's kernels meanwhile.
 DATA_SERVE = BASE + ["--mem-fraction-static", "0.4", "--max-total-tokens", "1048576", "--max-running-requests", "1024"]
 USER_BYTES, REPLY_BYTES = (192, 384), 256
+BATCH1_PROMPTS = 8  # decode speed at batch 1: 8 held-out prompts, up to 256 tokens each
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
 
 
@@ -229,8 +232,11 @@ def train_target(work: Path, seconds: float, warm=None, seed: int = 0) -> dict:
             log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
         step += 1
     model.eval()
+    evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
     with torch.no_grad():
-        held_out_loss = sum(loss_of(*batch(held_out, eval_rng, 64)).item() for _ in range(16)) / 16
+        plain_loss = sum(loss_of(*b).item() for b in evals) / len(evals)
+        spread = spread_final_norm(model, seed)
+        held_out_loss = sum(loss_of(*b).item() for b in evals) / len(evals)
     save_target(model, tok, out)
     info = {
         "steps": step,
@@ -238,12 +244,33 @@ def train_target(work: Path, seconds: float, warm=None, seed: int = 0) -> dict:
         "tokens_seen": step * 96 * TARGET_LEN,
         "held_out_loss_nats_per_token": round(held_out_loss, 4),
         "held_out_bits_per_byte": round(held_out_loss / math.log(2), 4),
+        "held_out_loss_before_norm_spread": round(plain_loss, 4),
+        "final_norm_spread": spread,
         "curve": curve,
         "config": TARGET,
     }
     (out / "target.json").write_text(json.dumps(info, indent=1))
     log(f"target: held-out loss {held_out_loss:.3f} nats/token after {step} steps")
     return info
+
+
+def spread_final_norm(model, seed: int, sigma: float = 0.5) -> dict:
+    """The same function with an uneven final norm weight: channel j of the final RMSNorm's weight
+    times s_j (log-normal) and lm_head's column j divided by s_j, so lm_head(norm(x)) is unchanged
+    (up to bf16 rounding). A weight near 1 everywhere, as a few minutes of training leave it, makes
+    post/w and post pick the same token, and the wrong-norm control could not show; trained large
+    models' final norm weights are far from uniform."""
+    import torch
+
+    w, head = model.model.norm.weight, model.lm_head.weight  # [H], [V, H]
+    g = torch.Generator().manual_seed(seed + 3)
+    s = torch.exp(sigma * torch.randn(w.shape[0], generator=g)).to(w.device)
+    w.mul_(s)
+    head.div_(s)
+    return {
+        "sigma": sigma,
+        "norm_weight_min_max_std_mean": [round(float(x), 4) for x in (w.min(), w.max(), w.std(), w.mean())],
+    }
 
 
 # --- servers and the client -------------------------------------------------------------------
@@ -360,7 +387,7 @@ def data_server(work: Path, warm, probe: list[int]):
     return srv, "fresh server"
 
 
-def make_data(work: Path, n_train: int, n_eval: int, warm=None, seed: int = 0) -> dict:
+def make_data(work: Path, n_train: int, n_eval: int, temperature: float, warm=None, seed: int = 0) -> dict:
     from transformers import AutoTokenizer
 
     out = work / "data"
@@ -377,14 +404,15 @@ def make_data(work: Path, n_train: int, n_eval: int, warm=None, seed: int = 0) -
     ready_s = time.monotonic() - t0
     try:
         outs, wall = generate_batched(
-            srv, [chat.prompt(u) for u in users], max_new_tokens=REPLY_BYTES + 64, temperature=0.8,
+            srv, [chat.prompt(u) for u in users], max_new_tokens=REPLY_BYTES + 64, temperature=temperature,
             stop_token_ids=[chat.eot],
         )  # fmt: skip
     finally:
         srv.stop(grace_s=5)
     kept = write_data(out, users, evals, outs)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    info = {"train_conversations": kept, "eval_prompts": n_eval, "generated_tokens": tokens, "server": how}
+    info = {"train_conversations": kept, "eval_prompts": n_eval, "generated_tokens": tokens, "server": how,
+            "temperature": temperature}  # fmt: skip
     info.update(server_ready_seconds=round(ready_s, 1), generation_seconds=round(wall, 1))
     (out / "data.json").write_text(json.dumps(info, indent=1))
     log(f"data: {kept} conversations ({tokens} generated tokens in {wall:.0f} s, {how}), {n_eval} held-out prompts")
@@ -446,9 +474,12 @@ def extract(work: Path) -> dict:
         if p.wait() != 0:
             raise SystemExit(f"extract {name}: python -m recipe failed (log in {work / 'runs' / name})")
         info[name] = {"seconds_with_server_start": round(time.monotonic() - t0, 1)}
-    for name in runs:
-        v = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(work / "shards" / name)], cwd=ROOT)
-        if v.returncode != 0:
+    verifies = {
+        name: subprocess.Popen([sys.executable, "-m", "recipe.shards", "verify", str(work / "shards" / name)], cwd=ROOT)
+        for name in runs
+    }
+    for name, v in verifies.items():
+        if v.wait() != 0:
             raise SystemExit(f"extract {name}: verify failed")
         m = json.loads((work / "shards" / name / "manifest.json").read_text())
         info.setdefault(name, {}).update(layers=m["capture"]["layers"], counts=m.get("counts"))
@@ -484,9 +515,12 @@ def draft_json(work: Path, layer_ids: list[int]) -> Path:
 
 
 def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[int], plan: dict) -> Path:
-    """plan: epochs, batch_size, learning_rate, ttt_length (the same for every arm; the untrained one
-    takes one step at a learning rate of ~0)."""
+    """plan: epochs, batch_size, learning_rate, ttt_length, export_steps, samples (the same for every
+    arm; the untrained one takes one step at a learning rate of ~0; the export arm, with export_steps
+    set, stops after that many steps of the same schedule: its horizon is the full run's)."""
     untrained = arm == "untrained"
+    horizon = plan["samples"] // plan["batch_size"] * plan["epochs"]  # SpecForge's resolve_total_steps
+    cap = 1 if untrained else (plan["export_steps"] or None) if arm == "real_export" else None
     cfg = {
         "run_id": arm,
         "output_dir": str(work / "drafts" / arm),
@@ -504,7 +538,8 @@ def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[
         "training": {
             "strategy": "eagle3",
             "num_epochs": 1 if untrained else plan["epochs"],
-            "max_steps": 1 if untrained else None,
+            "max_steps": cap,
+            "total_steps": None if untrained else horizon,
             "batch_size": plan["batch_size"],
             "learning_rate": 1e-12 if untrained else plan["learning_rate"],
             "ttt_length": plan["ttt_length"],
@@ -605,34 +640,50 @@ def teacher_agreement(work: Path, n: int = 200) -> dict:
     return {"positions": total, "argmax_equal_fraction": round(same / total, 4), "norm_weight_min_max_std_mean": spread}
 
 
+def served_arms(plan: dict) -> tuple[str, ...]:
+    """The export arm is served only when it trains the whole run (export_steps 0); otherwise its
+    curve is compared with the direct arm's over the steps it ran."""
+    return tuple(arm for arm in ARMS if arm != "real_export" or not plan["export_steps"])
+
+
 def train_drafts(work: Path, plan: dict) -> dict:
     """Every arm at once on the one GPU (tiny drafts leave it mostly idle). The export to SpecForge's
-    files runs beside the arms that read the shards; its arm starts when it is done, with the layer ids
-    it printed checked equal to the ones the other arms' draft config took from the same function."""
+    files (spread over processes) runs while the arms that read the shards start; its arm starts when
+    it is done, with the layer ids it printed checked equal to the ones the other arms' draft config
+    took from the same function. Each arm's draft is exported for SGLang as soon as it finishes."""
+    import concurrent.futures as cf
+
     from recipe.shards.export import draft_config
     from recipe.shards.reader import ShardReader
 
     shards, export_dir = work / "shards", work / "sf-export"
-    layer_ids = draft_config(ShardReader(shards / "real"), "specforge")["eagle_aux_hidden_state_layer_ids"]
+    reader = ShardReader(shards / "real")
+    layer_ids = draft_config(reader, "specforge")["eagle_aux_hidden_state_layer_ids"]
+    plan = dict(plan, samples=len(reader))
     draft = draft_json(work, layer_ids)
     features = {arm: shards / "real" for arm in ARMS} | {"real_export": export_dir, "off_by_one": shards / "off_by_one"}
-    todo = [arm for arm in ARMS if not (work / "serve" / arm / "config.json").exists()]
+    todo = [arm for arm in ARMS if not (work / "drafts" / f"{arm}-curve.json").exists()]
     launch = functools.partial(launch_arm, work, features=features, draft=draft, layer_ids=layer_ids, plan=plan)
     procs = {arm: launch(arm) for arm in todo if arm != "real_export"}
+    t0 = time.monotonic()
     if not (export_dir / "export_info.json").exists():
         subprocess.run(
             [sys.executable, "-m", "recipe.shards", "export", "--to", "specforge", str(shards / "real"),
-             str(export_dir), "--overwrite"], cwd=ROOT, check=True,
+             str(export_dir), "--overwrite", "--workers", "8"], cwd=ROOT, check=True,
         )  # fmt: skip
+    info = {"layer_ids_specforge": layer_ids, "plan": plan, "export_seconds": round(time.monotonic() - t0, 1)}
     printed = json.loads((export_dir / "export_info.json").read_text())["draft_config"]
     if printed["eagle_aux_hidden_state_layer_ids"] != layer_ids:
         raise SystemExit(f"export printed layer ids {printed} but the drafts were configured with {layer_ids}")
     if "real_export" in todo:
         procs["real_export"] = launch("real_export")
-    info = {"layer_ids_specforge": layer_ids, "plan": plan, "arms": {}}
     info["wrong_norm_teacher"] = teacher_agreement(work)
-    for arm, (p, t0) in procs.items():
-        finish_arm(work, arm, p, t0, draft)
+    serve_it = served_arms(plan)
+    with cf.ThreadPoolExecutor(max(1, len(procs))) as pool:
+        done = [pool.submit(finish_arm, work, arm, p, t, draft, arm in serve_it) for arm, (p, t) in procs.items()]
+        for f in done:
+            f.result()
+    info["arms"] = {}
     for arm in ARMS:
         curve = json.loads((work / "drafts" / f"{arm}-curve.json").read_text())
         info["arms"][arm] = {"log_points": len(curve), "first": curve[0] if curve else None,
@@ -650,65 +701,71 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
 
 
-def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path) -> None:
-    """Wait for one arm's training, export its draft for SGLang, keep its loss curve."""
+def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path, serve_it: bool) -> None:
+    """Wait for one arm's training, export its draft for SGLang (if it is served), keep its loss curve
+    (written last: it marks the arm done for a resumed call)."""
     if p.wait() != 0:
         tail = "\n".join((work / "drafts" / f"{arm}.log").read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"train {arm}: specforge train exited {p.returncode}\n{tail}")
     took = time.monotonic() - t0
-    ex = specforge("export", "--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config",
-                   str(draft), "--output-dir", str(work / "serve" / arm),
-                   log_path=work / "drafts" / f"{arm}-export.log")  # fmt: skip
-    if ex.wait() != 0:
-        raise SystemExit(f"export {arm}: see {work / 'drafts' / f'{arm}-export.log'}")
+    if serve_it:
+        ex = specforge("export", "--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config",
+                       str(draft), "--output-dir", str(work / "serve" / arm),
+                       log_path=work / "drafts" / f"{arm}-export.log")  # fmt: skip
+        if ex.wait() != 0:
+            raise SystemExit(f"export {arm}: see {work / 'drafts' / f'{arm}-export.log'}")
     curve = loss_curve(work / "drafts" / f"{arm}.log")
     (work / "drafts" / f"{arm}-curve.json").write_text(json.dumps(curve))
-    log(f"train {arm}: {took:.0f} s, {len(curve)} log points")
+    log(f"train {arm}: {took:.0f} s, {len(curve)} log points; ready to serve {time.monotonic() - t0:.0f} s")
 
 
 def compare_curves(work: Path) -> dict:
-    """The direct and the export arm's training metrics at every logged step (timings, `perf/*`, left out)."""
+    """The direct and the export arm's training metrics at every step both logged (the export arm may
+    stop early); timings (`perf/*`) left out."""
     a, b = (json.loads((work / "drafts" / f"{x}-curve.json").read_text()) for x in ("real", "real_export"))
-    worst = 0.0
-    for x, y in zip(a, b):
+    n = min(len(a), len(b))
+    worst, compared = 0.0, 0
+    for x, y in zip(a[:n], b[:n]):
         for k, v in x.items():
             if k != "step" and not k.startswith("perf/") and isinstance(v, float) and isinstance(y.get(k), float):
                 worst = max(worst, abs(v - y[k]) / max(abs(y[k]), 1e-9))
-    return {"points": min(len(a), len(b)), "same_steps": [x["step"] for x in a] == [y["step"] for y in b],
+                compared += 1
+    return {"points": n, "values_compared": compared, "steps": [x["step"] for x in b[:n]],
+            "same_steps": n > 0 and [x["step"] for x in a[:n]] == [y["step"] for y in b[:n]],
             "max_relative_difference": worst}  # fmt: skip
 
 
 # --- step 5: serving ------------------------------------------------------------------------------
 
 
-def serve(work: Path) -> dict:
-    """Every server starts at once (tiny models share the GPU); acceptance is measured on all drafts
-    in parallel (it does not depend on the GPU's load), then decode speed on the target alone and on
-    the real draft, each with the GPU to itself (every other server stopped)."""
+def serve(work: Path, plan: dict) -> dict:
+    """Every server starts at once (tiny models share the GPU; a start is mostly CPU work). Then each is
+    measured with the GPU to itself, the others idle or stopped: each control draft's acceptance
+    length (batch 16, every held-out prompt), then decode speed at batch 16 and batch 1 for the real
+    draft (its batch-16 run gives its acceptance length) and for the target alone."""
     prompts = eval_prompts(work)
     stop = [json.loads((work / "target" / "config.json").read_text())["eos_token_id"]]
     target = server(work, "serve-target", work / "target", 32000)
     drafts = {
         arm: server(work, f"serve-{arm}", work / "target", 32010 + i, [
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(work / "serve" / arm), *SPEC])
-        for i, arm in enumerate(ARMS)
+        for i, arm in enumerate(served_arms(plan))
     }  # fmt: skip
-    info = {"prompts": len(prompts), "flags": SERVE + SPEC, "acceptance": {}, "speed": {}}
+    info = {"prompts": len(prompts), "batch_1_prompts": BATCH1_PROMPTS, "flags": SERVE + SPEC}
+    info.update(acceptance={}, speed={})
+    t0 = time.monotonic()
     with Servers(target, *drafts.values()):
-        import concurrent.futures as cf
-
-        with cf.ThreadPoolExecutor(len(drafts)) as pool:
-            futs = {arm: pool.submit(decode_figures, s, prompts, stop, 16) for arm, s in drafts.items()}
-            info["acceptance"] = {arm: f.result() for arm, f in futs.items()}
+        info["servers_ready_seconds"] = round(time.monotonic() - t0, 1)
         for arm, s in drafts.items():
             if arm != "real":
-                s.stop(grace_s=5)
-        for name, s in (("target_alone", target), ("real_draft", drafts["real"])):
+                info["acceptance"][arm] = decode_figures(s, prompts, stop, 16)
+                s.stop_in_background(grace_s=5)
+        for name, s in (("real_draft", drafts["real"]), ("target_alone", target)):
             info["speed"][name] = {
-                f"batch_{b}": decode_figures(s, prompts[: 16 if b == 1 else None], stop, b) for b in (1, 16)
+                f"batch_{b}": decode_figures(s, prompts[: BATCH1_PROMPTS if b == 1 else None], stop, b) for b in (16, 1)
             }
-            if name == "target_alone":
-                target.stop(grace_s=5)
+            s.stop(grace_s=5)
+    info["acceptance"]["real"] = info["speed"]["real_draft"]["batch_16"]
     for b in ("batch_1", "batch_16"):
         t, d = info["speed"]["target_alone"][b], info["speed"]["real_draft"][b]
         d["speedup"] = round(d["tokens_per_s"] / t["tokens_per_s"], 3)
@@ -739,7 +796,10 @@ def main(argv=None) -> int:
     ap.add_argument("rest", nargs="*")
     ap.add_argument("--work", type=Path, default=Path("/tmp/draft"))
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--target-seconds", type=float, default=110)
+    ap.add_argument("--target-seconds", type=float, default=100)
+    # The measure decodes greedily, so the draft learns the target's greedy replies (SpecForge's
+    # regenerate_train_data.py samples at 0.7 by default, for sampled serving)
+    ap.add_argument("--data-temperature", type=float, default=0.0)
     ap.add_argument("--train-conversations", type=int, default=6000)
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=4)
@@ -747,22 +807,26 @@ def main(argv=None) -> int:
     ap.add_argument("--learning-rate", type=float, default=2e-3)
     # SpecForge's default unrolls 7 draft steps; serving takes 3, so 4 (the 3 served + 1) cover them
     ap.add_argument("--ttt-length", type=int, default=4)
+    # the export arm trains the first N steps of the same schedule, compared step for step with the
+    # direct arm (0: the whole run, and it is served too)
+    ap.add_argument("--export-steps", type=int, default=60)
     a = ap.parse_args(argv)
     if a.step == "_sftrain":
         return sf_train(*a.rest)
     a.work.mkdir(parents=True, exist_ok=True)
     res_path = a.work / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
-    plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length)
+    plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length,
+                export_steps=a.export_steps)  # fmt: skip
     warm = None
     if a.step == "all" and "target" not in res:
         warm = server(a.work, "data-target", a.work / "target-init", 31000, flags=DATA_SERVE)
     steps = {
         "target": lambda: train_target(a.work, a.target_seconds, warm),
-        "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, warm),
+        "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm),
         "extract": lambda: extract(a.work),
         "train": lambda: train_drafts(a.work, plan),
-        "serve": lambda: serve(a.work),
+        "serve": lambda: serve(a.work, plan),
     }
     ran_now = set()
     for name, step in steps.items():
@@ -771,6 +835,7 @@ def main(argv=None) -> int:
             ran_now.add(name)
             res[name] = step()
             res[name]["step_seconds"] = round(time.monotonic() - t0, 1)
+            log(f"step {name}: {res[name]['step_seconds']} s")
             res_path.write_text(json.dumps(res, indent=1))
     if "serve" in res:
         res["goals"] = goals(res, ran_now)

@@ -8,6 +8,7 @@
 #   bash tests/gpu/device.sh product    # bench/product.py (python -m recipe vs plain) -> $OUT/product.json, logs
 #   bash tests/gpu/device.sh draft      # bench/draft.py all -> $OUT/draft.json, draft.log, draft-logs.tgz
 #   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
+#   bash tests/gpu/device.sh driverless # the image build's patch smoke with no GPU, then no driver -> $OUT/driverless.jsonl
 # SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2) goes to /tmp/peer, apart.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -38,6 +39,8 @@ case "${1:-install}" in
   peers)
     timeout 585 python3 bench/peers.py --out "$OUT/peers.json" "${@:2}" 2>&1 | tee "$OUT/peers.log" | grep -v "HTTP Request" | tail -60
     cp /tmp/bench-peers/*.log "$OUT/" 2>/dev/null ;;
+  driverless)
+    bash tests/gpu/driverless.sh ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;
