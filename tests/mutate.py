@@ -22,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "quick_exit_skips_exit_handlers": (
+        "recipe/procs.py",
+        "    atexit._run_exitfuncs()  # what a normal exit runs before the teardown\n",
+        "",
+        ["tests/test_cli_errors.py::test_the_exit_that_skips_teardown_keeps_status_output_threads_and_exit_handlers"],
+    ),
+    "quick_exit_leaves_threads_running": (
+        "recipe/procs.py",
+        "            t.join()\n",
+        "            pass\n",
+        ["tests/test_cli_errors.py::test_the_exit_that_skips_teardown_keeps_status_output_threads_and_exit_handlers"],
+    ),
     "export_chunks_out_of_order": (
         "recipe/shards/export.py",
         "            rows += part.rows\n",

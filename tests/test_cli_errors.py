@@ -74,3 +74,21 @@ def test_help_lists_the_groups_options_and_not_the_internal_schemas(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "backend: hf, sglang\n" in r.stdout and "_schema" not in r.stdout
     assert "experiment: cpu, kimi-k2.5, llama-3.1-8b, tiny-sglang" in r.stdout
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (3, 3), ("a message", 1)])
+def test_the_exit_that_skips_teardown_keeps_status_output_threads_and_exit_handlers(code, status):
+    """`python -m recipe` ends with exit_without_teardown: the status is sys.exit's for the same
+    code, buffered output is not lost, a running non-daemon thread and the exit handlers finish."""
+    snippet = (
+        "import atexit, sys, threading, time\n"
+        "from recipe.procs import exit_without_teardown\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread finished'))).start()\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        f"exit_without_teardown({code!r})\n"
+    )
+    r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60)
+    assert r.returncode == status, r
+    assert "buffered, no newline" in r.stdout and "thread finished" in r.stdout and "exit handler ran" in r.stdout
+    assert r.stderr == ("a message\n" if isinstance(code, str) else "")
