@@ -756,10 +756,13 @@ def serve(work: Path, plan: dict) -> dict:
     t0 = time.monotonic()
     with Servers(target, *drafts.values()):
         info["servers_ready_seconds"] = round(time.monotonic() - t0, 1)
+        stopping = []
         for arm, s in drafts.items():
             if arm != "real":
                 info["acceptance"][arm] = decode_figures(s, prompts, stop, 16)
-                s.stop_in_background(grace_s=5)
+                stopping.append(s.stop_in_background(grace_s=5))
+        for t in stopping:  # a server shutting down takes CPU that a launch-bound decode needs
+            t.join()
         for name, s in (("real_draft", drafts["real"]), ("target_alone", target)):
             info["speed"][name] = {
                 f"batch_{b}": decode_figures(s, prompts[: BATCH1_PROMPTS if b == 1 else None], stop, b) for b in (16, 1)
