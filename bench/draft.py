@@ -159,7 +159,7 @@ def save_target(model, tok, out: Path) -> None:
 TARGET_LEN = 1 + 24 + USER_BYTES[1] + REPLY_BYTES  # the longest conversation, in tokens (bytes)
 
 
-def target_model(chat: Chat, seed: int):
+def target_model(chat: Chat, seed: int, config: dict = TARGET):
     import torch
     import transformers
 
@@ -172,7 +172,7 @@ def target_model(chat: Chat, seed: int):
         bos_token_id=chat.bos,
         eos_token_id=chat.eot,  # the reply ends at <|eot_id|>: generation stops there
         pad_token_id=chat.pad,
-        **TARGET,
+        **config,
     )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(cfg)
