@@ -53,6 +53,11 @@ RUN python3 -m recipe.patch pins --sglang-version "${SGLANG_VERSION}" \
 COPY docker/entrypoint.sh /usr/local/bin/hs-recipe
 # Config mistakes print one line (HYDRA_FULL_ERROR=1 at `docker run -e` shows the traceback).
 ENV PYTHONUNBUFFERED=1 EXPERIMENT=kimi-k2.5
+# Any uid can run it (compose's `user:`, RUN_AS in .env: outputs owned by the host user). HOME stays
+# /root for every uid; the caches under it (two mounted from the host by compose) are writable by all,
+# sticky like /tmp.
+ENV HOME=/root TRITON_CACHE_DIR=/root/.cache/triton CUDA_CACHE_PATH=/root/.cache/nv
+RUN chmod 0755 /root && install -d -m 1777 /root/.cache
 ENTRYPOINT ["/usr/local/bin/hs-recipe"]
 CMD []
 

@@ -5,7 +5,7 @@
 # 2. a CPU base made locally (docker/cpu-base.sh: no registry is reachable), then the one Dockerfile on it
 # 3. compose, the README's commands: `up --exit-code-from extract` -> shards that `recipe.shards verify`
 #    accepts from the host; `down` mid-run, then `up` -> every sample exactly once; `run --rm extract
-#    OVERRIDES` keeps $EXPERIMENT; `stop` during model load returns at once; a failing job's `up` exits
+#    OVERRIDES` keeps $EXPERIMENT; RUN_AS=uid:gid -> every output owned by that user; `stop` during model load returns at once; a failing job's `up` exits
 #    non-zero; `--profile test run --rm test` collects the whole suite and runs part of it
 # 4. a broken patch must fail the build
 # Images stay cached in $STATE (a rerun on this machine skips the base and the pip layer); the daemon,
@@ -112,6 +112,17 @@ say "compose run --rm extract OVERRIDES"
 "$PY" -m recipe.shards verify "$OUTPUT_DIR/third/shards"
 # experiment=cpu puts Hydra's run folder under the output root; without it, under outputs/ there
 [ ! -e "$OUTPUT_DIR/outputs" ] || { echo "run dropped the experiment: $OUTPUT_DIR/outputs exists"; exit 1; }
+
+# -- run as the host user: every output owned by that user ---------------------------------------
+say "compose run as a non-root user (RUN_AS)"
+own=$WORK/outputs-user
+install -d -o 1234 -g 1234 "$own"
+OUTPUT_DIR=$own RUN_AS=1234:1234 "${COMPOSE[@]}" run --rm --no-deps extract data.limit=3 output_dir=/outputs/shards \
+  capture.dump_dir=/dev/shm/hs-ci-user >"$WORK/user.log" 2>&1 || { tail -30 "$WORK/user.log"; exit 1; }
+"$PY" -m recipe.shards verify "$own/shards"
+others=$(find "$own" ! -user 1234 | head -3)
+[ -z "$others" ] || { echo "outputs not owned by the run's user: $others"; exit 1; }
+echo "ran as 1234:1234; $(find "$own" | wc -l) paths under the output folder, all owned by it"
 
 # -- a failing job exits with its status ----------------------------------------------------------
 say "a failing job exits non-zero, in one line"

@@ -26,13 +26,13 @@ MUTATIONS = {
         "recipe/shards/trainers.py",
         'speculators_raw(x, self.n_aux, "pre-norm-equivalent", self.norm_weight)',
         'speculators_raw(x, self.n_aux, "keep-post-norm", self.norm_weight)',
-        ["tests/test_draft_cpu.py::test_a_draft_trained_on_the_shards_agrees_with_the_target_better_than_one_trained_a_layer_off"],
+        ["tests/test_draft_cpu.py::test_a_draft_from_the_shards_agrees_with_the_target_better_than_one_a_layer_off"],
     ),
     "draft_trains_on_reversed_slots": (
         "recipe/shards/trainers.py",
         '"hidden_states": hs[:, :-1].flatten(1),',
         '"hidden_states": hs[:, :-1].flip(1).flatten(1),',
-        ["tests/test_draft_cpu.py::test_a_draft_trained_on_the_shards_agrees_with_the_target_better_than_one_trained_a_layer_off"],
+        ["tests/test_draft_cpu.py::test_a_draft_from_the_shards_agrees_with_the_target_better_than_one_a_layer_off"],
     ),
     "quick_exit_skips_exit_handlers": (
         "recipe/procs.py",

