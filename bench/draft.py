@@ -231,27 +231,31 @@ def train_target(work: Path, seconds: float, warm=None, seed: int = 0) -> dict:
             curve.append((step, round(elapsed, 1), round(loss.item(), 4)))
             log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
         step += 1
-    model.eval()
-    evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
-    with torch.no_grad():
-        plain_loss = sum(loss_of(*b).item() for b in evals) / len(evals)
-        spread = spread_final_norm(model, seed)
-        held_out_loss = sum(loss_of(*b).item() for b in evals) / len(evals)
+    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "tokens_seen": step * 96 * TARGET_LEN}
+    info.update(held_out_and_spread(model, loss_of, [batch(held_out, eval_rng, 64) for _ in range(16)], seed))
+    info.update(curve=curve, config=TARGET)
     save_target(model, tok, out)
-    info = {
-        "steps": step,
-        "seconds": round(time.monotonic() - t0, 1),
-        "tokens_seen": step * 96 * TARGET_LEN,
-        "held_out_loss_nats_per_token": round(held_out_loss, 4),
-        "held_out_bits_per_byte": round(held_out_loss / math.log(2), 4),
-        "held_out_loss_before_norm_spread": round(plain_loss, 4),
-        "final_norm_spread": spread,
-        "curve": curve,
-        "config": TARGET,
-    }
     (out / "target.json").write_text(json.dumps(info, indent=1))
-    log(f"target: held-out loss {held_out_loss:.3f} nats/token after {step} steps")
+    log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")
     return info
+
+
+def held_out_and_spread(model, loss_of, evals: list, seed: int) -> dict:
+    """The held-out loss, the final norm spread (spread_final_norm), and the loss again on the same
+    batches: the same function, so the same loss."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        before = sum(loss_of(*b).item() for b in evals) / len(evals)
+        spread = spread_final_norm(model, seed)
+        after = sum(loss_of(*b).item() for b in evals) / len(evals)
+    return {
+        "held_out_loss_nats_per_token": round(after, 4),
+        "held_out_bits_per_byte": round(after / math.log(2), 4),
+        "held_out_loss_before_norm_spread": round(before, 4),
+        "final_norm_spread": spread,
+    }
 
 
 def spread_final_norm(model, seed: int, sigma: float = 0.5) -> dict:
