@@ -5,7 +5,8 @@
 # 2. a CPU base made locally (docker/cpu-base.sh: no registry is reachable), then the one Dockerfile on it
 # 3. compose, the README's commands: `up --exit-code-from extract` -> shards that `recipe.shards verify`
 #    accepts from the host; `down` mid-run, then `up` -> every sample exactly once; `run --rm extract
-#    OVERRIDES` keeps $EXPERIMENT; RUN_AS=uid:gid -> every output owned by that user; `stop` during model load returns at once; a failing job's `up` exits
+#    OVERRIDES` keeps $EXPERIMENT; a `-m` sweep -> one verified set per
+#    point; RUN_AS=uid:gid -> every output owned by that user; `stop` during model load returns at once; a failing job's `up` exits
 #    non-zero; `--profile test run --rm test` collects the whole suite and runs part of it
 # 4. a broken patch must fail the build
 # Images stay cached in $STATE (a rerun on this machine skips the base and the pip layer); the daemon,
@@ -112,6 +113,23 @@ say "compose run --rm extract OVERRIDES"
 "$PY" -m recipe.shards verify "$OUTPUT_DIR/third/shards"
 # experiment=cpu puts Hydra's run folder under the output root; without it, under outputs/ there
 [ ! -e "$OUTPUT_DIR/outputs" ] || { echo "run dropped the experiment: $OUTPUT_DIR/outputs exists"; exit 1; }
+
+# -- a sweep (the README's -m form): one shard set per point, each of $EXPERIMENT -------------------
+say "compose run --rm extract -m (a sweep)"
+sweep=$WORK/outputs-sweep
+mkdir -p "$sweep"
+OUTPUT_DIR=$sweep "${COMPOSE[@]}" run --rm --no-deps extract -m capture.layers=[1,2,3],[1,3] data.limit=2 \
+  capture.dump_dir=/dev/shm/hs-ci-sweep >"$WORK/sweep.log" 2>&1 || { tail -30 "$WORK/sweep.log"; exit 1; }
+"$PY" - "$sweep" <<'EOF'
+import json, sys
+from pathlib import Path
+from recipe.shards.__main__ import verify
+sets = sorted(p.parent for p in Path(sys.argv[1]).rglob("manifest.json"))
+layers = sorted(json.loads((s / "manifest.json").read_text())["capture"]["layers"] for s in sets)
+assert layers == [[1, 2, 3], [1, 3]], (layers, sets)
+assert all(verify(s) == [] for s in sets)
+print(f"sweep: {len(sets)} shard sets, layers {layers}, each verified")
+EOF
 
 # -- run as the host user: every output owned by that user ---------------------------------------
 say "compose run as a non-root user (RUN_AS)"
