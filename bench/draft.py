@@ -271,10 +271,12 @@ def spread_final_norm(model, seed: int, sigma: float = 0.5) -> dict:
     s = torch.exp(sigma * torch.randn(w.shape[0], generator=g)).to(w.device)
     w.mul_(s)
     head.div_(s)
-    return {
-        "sigma": sigma,
-        "norm_weight_min_max_std_mean": [round(float(x), 4) for x in (w.min(), w.max(), w.std(), w.mean())],
-    }
+    return {"sigma": sigma, "norm_weight_min_max_std_mean": weight_spread(w)}
+
+
+def weight_spread(w) -> list[float]:
+    """min, max, std, mean of a norm weight: how far from uniform it is."""
+    return [round(float(x), 4) for x in (w.min(), w.max(), w.std(), w.mean())]
 
 
 # --- servers and the client -------------------------------------------------------------------
@@ -522,8 +524,13 @@ def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[
     """plan: epochs, batch_size, learning_rate, ttt_length, export_steps, samples (the same for every
     arm; the untrained one takes one step at a learning rate of ~0; the export arm, with export_steps
     set, stops after that many steps of the same schedule: its horizon is the full run's)."""
+    from specforge.training.schedule import resolve_total_steps  # its own horizon, for the capped export arm
+
     untrained = arm == "untrained"
-    horizon = plan["samples"] // plan["batch_size"] * plan["epochs"]  # SpecForge's resolve_total_steps
+    horizon = resolve_total_steps(
+        total_steps=None, max_steps=None, num_samples=plan["samples"], batch_size=plan["batch_size"],
+        accumulation_steps=1, num_epochs=plan["epochs"],
+    )  # fmt: skip
     cap = 1 if untrained else (plan["export_steps"] or None) if arm == "real_export" else None
     cfg = {
         "run_id": arm,
@@ -640,8 +647,8 @@ def teacher_agreement(work: Path, n: int = 200) -> dict:
         wrong = (pre_norm_equivalent(post, w).float() @ head.T).argmax(-1)
         same += int((real == wrong).sum())
         total += real.numel()
-    spread = [round(float(x), 4) for x in (w.min(), w.max(), w.std(), w.mean())]
-    return {"positions": total, "argmax_equal_fraction": round(same / total, 4), "norm_weight_min_max_std_mean": spread}
+    return {"positions": total, "argmax_equal_fraction": round(same / total, 4),
+            "norm_weight_min_max_std_mean": weight_spread(w)}  # fmt: skip
 
 
 def served_arms(plan: dict) -> tuple[str, ...]:

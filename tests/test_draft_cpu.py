@@ -21,6 +21,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, compose
+from test_export import trainer
 
 if not (ROOT / "bench" / "draft.py").exists():  # inside the image (compose's test profile): no benches there
     pytest.skip("bench/ is not in the image", allow_module_level=True)
@@ -109,7 +110,11 @@ def agreement(model, work) -> float:
     from recipe.shards.trainers import SpeculatorsDataset
 
     reader, ds = ShardReader(work / "held_out"), SpeculatorsDataset(work / "held_out")
-    w, collate = final_norm_weight(work / "target").float(), collator()
+    w, collate, loss_config = (
+        final_norm_weight(work / "target").float(),
+        collator(),
+        resolve_loss_config("kl_div", "eager"),
+    )
     right = total = 0
     with torch.no_grad():
         for i, sid in enumerate(reader.ids):
@@ -117,13 +122,13 @@ def agreement(model, work) -> float:
             item = dict(
                 ds[i], hidden_states=h[:, :N_AUX].flatten(1), verifier_last_hidden_states=h[:, N_AUX].float() / w
             )
-            m = model(**inputs(collate([item])), ttt_steps=1, loss_config=resolve_loss_config("kl_div", "eager"))[2]
+            m = model(**inputs(collate([item])), ttt_steps=1, loss_config=loss_config)[2]
             right, total = right + m["full_acc_0_sum"].item(), total + m["full_acc_0_total"].item()
     return right / total
 
 
 def test_a_draft_from_the_shards_agrees_with_the_target_better_than_one_a_layer_off(tmp_path):
-    pytest.importorskip("speculators")
+    trainer("speculators")  # a test dependency .ci/run installs: never skipped there
     held_in, held_out = draft.corpus(limit_bytes=6 << 20)
     make_target(tmp_path)
     write_chats(tmp_path / "train.jsonl", held_in, TRAIN, 1)
@@ -136,6 +141,6 @@ def test_a_draft_from_the_shards_agrees_with_the_target_better_than_one_a_layer_
 
     agree["untrained"] = agreement(speculators_model(tmp_path / "target", layers=LAYERS).float(), tmp_path)
     print(json.dumps(agree))
-    assert agree["real"] >= 0.40, agree  # measured 0.47-0.48; the commonest token alone is 0.06
-    assert agree["real"] >= agree["off_by_one"] + 0.04, agree  # measured 0.37-0.39
+    assert agree["real"] >= 0.40, agree  # measured 0.45-0.48; the commonest token alone is 0.06
+    assert agree["real"] >= agree["off_by_one"] + 0.04, agree  # measured 0.36-0.37
     assert agree["untrained"] < 0.05, agree

@@ -39,6 +39,7 @@ from .reader import ShardReader
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
 EXPORT_CHUNK = 64  # samples per unit of work: small enough to spread, large enough to amortise
 FINAL_NORM_MODES = ("pre-norm-equivalent", "refuse", "keep-post-norm")
+ARROW_COLUMNS = ("input_ids", "loss_mask", "seq_len")  # speculators' Arrow table
 
 
 class ExportError(UserError, ValueError):
@@ -260,9 +261,9 @@ def _write_range(job: ExportJob, lo: int, hi: int, r: ShardReader | None = None)
     import torch
     from safetensors.torch import save_file
 
-    r = r or _WORKER_READER
+    r = _WORKER_READER if r is None else r
     stage, rows, nbytes = Path(job.stage), [], 0
-    columns = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    columns = {k: [] for k in ARROW_COLUMNS}
     for i in range(lo, hi):
         sid = r.records[i]["id"]  # (r.ids builds the whole list)
         x = r.get(sid)
@@ -295,18 +296,16 @@ def _write_samples(job: ExportJob, r: ShardReader, workers: int, log):
     mapping rows and the columns of speculators' Arrow table, both in index order."""
     n = len(r)
     chunks = [(lo, min(lo + EXPORT_CHUNK, n)) for lo in range(0, n, EXPORT_CHUNK)]
-    rows, columns = [], {"input_ids": [], "loss_mask": [], "seq_len": []}
+    rows, columns = [], {k: [] for k in ARROW_COLUMNS}
     t0 = last = time.monotonic()
     nbytes = done = 0
-    with contextlib.ExitStack() as stack:
-        if workers > 1 and len(chunks) > 1:
-            ctx = multiprocessing.get_context("spawn")  # torch in the parent: no fork
-            pool = stack.enter_context(
-                ProcessPoolExecutor(min(workers, len(chunks)), ctx, _open_worker_reader, (job.src,))
-            )
-            parts = pool.map(_write_range, *zip(*[(job, lo, hi) for lo, hi in chunks]))
-        else:
-            parts = (_write_range(job, lo, hi, r) for lo, hi in chunks)
+    if workers > 1 and len(chunks) > 1:  # spawn: torch is in the parent, so no fork
+        ctx = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(min(workers, len(chunks)), ctx, _open_worker_reader, (job.src,))
+        parts = pool.map(_write_range, *zip(*[(job, lo, hi) for lo, hi in chunks]))
+    else:
+        pool, parts = contextlib.nullcontext(), (_write_range(job, lo, hi, r) for lo, hi in chunks)
+    with pool:
         for part in parts:  # in chunk order, as each finishes
             rows += part.rows
             for k, v in part.columns.items():
