@@ -52,6 +52,12 @@ MUTATIONS = {
         "            rows = part.rows + rows\n",
         ["tests/test_export.py::test_an_export_spread_over_processes_writes_what_one_process_writes"],
     ),
+    "export_worker_on_a_thread_per_core": (
+        "recipe/shards/export.py",
+        "    torch.set_num_threads(1)\n",
+        "",
+        ["tests/test_export.py::test_an_export_worker_runs_one_torch_thread"],
+    ),
     "index_line_read_up_to_its_first_record": (
         "recipe/shards/store.py",
         "        if end == len(line):\n",

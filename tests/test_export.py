@@ -364,3 +364,18 @@ def test_an_export_spread_over_processes_writes_what_one_process_writes(shards, 
         assert y["seq_len"] == [row["tokens"] for row in rows]  # row i beside hs_i, in index order
     with pytest.raises(ExportError, match="--workers 0"):
         export(fmt, shards, tmp_path / "none", workers=0)
+
+
+def test_an_export_worker_runs_one_torch_thread(shards):
+    """Work is split by process: a worker on torch's default (a thread per core) would oversubscribe a
+    node that trains beside the export."""
+    import recipe.shards.export as ex
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        ex._open_worker_reader(str(shards))
+        assert torch.get_num_threads() == 1 and len(ex._WORKER_READER) == len(ShardReader(shards))
+    finally:
+        torch.set_num_threads(before)
+        ex._WORKER_READER = None

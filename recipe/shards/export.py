@@ -252,7 +252,13 @@ _WORKER_READER: ShardReader | None = None  # one reader per worker process (open
 
 
 def _open_worker_reader(src: str) -> None:
+    """A worker's setup: its reader, and one torch thread. The work is already split by process; N
+    workers with torch's default of a thread per core oversubscribe the cores (its OpenMP threads
+    spin), which on a busy node (trainers beside the export) slows each copy many times over."""
+    import torch
+
     global _WORKER_READER
+    torch.set_num_threads(1)
     _WORKER_READER = ShardReader(src)
 
 
