@@ -681,9 +681,9 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
         procs["real_export"] = launch("real_export")
     info["wrong_norm_teacher"] = teacher_agreement(work)
     with cf.ThreadPoolExecutor(max(1, len(procs))) as pool:
-        done = [pool.submit(finish_arm, work, arm, p, t, draft, serving) for arm, (p, t) in procs.items()]
-        for f in done:
-            f.result()
+        done = [pool.submit(finish_arm, work, arm, p, t, draft, serving.arms) for arm, (p, t) in procs.items()]
+        for f in cf.as_completed(done):  # each draft's server started here, in the main thread (Serving.start)
+            serving.start(f.result())
     for name, v in verifies.items():
         if v.wait() != 0:
             raise SystemExit(f"verify {name} failed: see {work / 'drafts' / f'verify-{name}.log'}")
@@ -713,23 +713,23 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
 
 
-def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path, serving: Serving) -> None:
-    """Wait for one arm's training, export its draft for SGLang and start its server (if it is served),
-    keep its loss curve (written last: it marks the arm done for a resumed call)."""
+def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path, served: tuple) -> str:
+    """Wait for one arm's training, export its draft for SGLang (if it is served), keep its loss curve
+    (written last: it marks the arm done for a resumed call)."""
     if p.wait() != 0:
         tail = "\n".join((work / "drafts" / f"{arm}.log").read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"train {arm}: specforge train exited {p.returncode}\n{tail}")
     took = time.monotonic() - t0
-    if arm in serving.arms:
+    if arm in served:
         ex = specforge("export", "--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config",
                        str(draft), "--output-dir", str(work / "serve" / arm),
                        log_path=work / "drafts" / f"{arm}-export.log")  # fmt: skip
         if ex.wait() != 0:
             raise SystemExit(f"export {arm}: see {work / 'drafts' / f'{arm}-export.log'}")
-        serving.start(arm)
     curve = loss_curve(work / "drafts" / f"{arm}.log")
     (work / "drafts" / f"{arm}-curve.json").write_text(json.dumps(curve))
     log(f"train {arm}: {took:.0f} s, {len(curve)} log points; ready to serve {time.monotonic() - t0:.0f} s")
+    return arm
 
 
 def compare_curves(work: Path) -> dict:
@@ -763,7 +763,7 @@ class Serving:
     def __init__(self, work: Path, plan: dict):
         self.work, self.arms = work, served_arms(plan)
         self.servers, self.started, self.ready_s, self.acceptance, self.errors = {}, {}, {}, {}, {}
-        self.threads, self.lock = [], threading.Lock()  # arms finish (and start servers) in threads
+        self.threads = []
 
     def __enter__(self):
         return self
@@ -773,19 +773,19 @@ class Serving:
             s.stop(grace_s=5)
 
     def start(self, name: str) -> None:
-        """`name`: "target" (the target alone) or a served arm; started once."""
+        """`name`: "target" (the target alone) or a served arm; started once. Call it from the main
+        thread: a server dies with the thread that started it (its parent-death signal)."""
+        if name in self.servers or (name != "target" and name not in self.arms):
+            return
         draft = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(self.work / "serve" / name)]
         extra = [] if name == "target" else [*draft, *SPEC]
-        with self.lock:
-            if name in self.servers or (name != "target" and name not in self.arms):
-                return
-            s = self.servers[name] = server(self.work, f"serve-{name}", self.work / "target", self.PORTS[name], extra)
-            s.start()
-            self.started[name] = time.monotonic()
-            if name not in ("target", "real"):
-                t = threading.Thread(target=self._acceptance, args=(name,), daemon=True)
-                t.start()
-                self.threads.append(t)
+        s = self.servers[name] = server(self.work, f"serve-{name}", self.work / "target", self.PORTS[name], extra)
+        s.start()
+        self.started[name] = time.monotonic()
+        if name not in ("target", "real"):
+            t = threading.Thread(target=self._acceptance, args=(name,), daemon=True)
+            t.start()
+            self.threads.append(t)
 
     def wait_ready(self, name: str):
         s = self.servers[name]

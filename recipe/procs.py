@@ -16,7 +16,9 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(parent: int):
     """A function to run in the child (Popen's preexec_fn, or first thing in a worker): the kernel
-    SIGKILLs the child when its parent dies. Only a syscall: the parent may have threads running."""
+    SIGKILLs the child when its parent dies. Only a syscall: the parent may have threads running.
+    "Parent" is the thread that started the child: a child started from a thread that ends (a pool's
+    worker) is killed then, so start long-lived children from the main thread."""
 
     def arm():
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
