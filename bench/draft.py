@@ -46,6 +46,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -79,7 +80,7 @@ SERVE = BASE + ["--mem-fraction-static", "0.5", "--max-total-tokens", "65536"]
 # untrained target while the target trains, so a fresh machine compiles SGLang's kernels meanwhile.
 DATA_SERVE = BASE + ["--mem-fraction-static", "0.4", "--max-total-tokens", "1048576", "--max-running-requests", "1024"]
 USER_BYTES, REPLY_BYTES = (192, 384), 256
-BATCH1_PROMPTS = 8  # decode speed at batch 1: 8 held-out prompts, up to 256 tokens each
+BATCH1_PROMPTS = 4  # decode speed at batch 1: 4 held-out prompts, up to 256 tokens each (steady ~1K tokens)
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
 
 
@@ -581,17 +582,32 @@ def wrong_norm(x, n_aux):
     return raw
 
 
-def sf_train(arm: str, config: str) -> int:
-    """One `specforge train -c CONFIG`, in this process (run as a subprocess of `train`)."""
+def sf_train(arm: str, config: str, *export: str) -> int:
+    """One `specforge train -c CONFIG`, in this process (run as a subprocess of `train`); then, given
+    `export` (the arguments of `specforge export`), the draft exported for SGLang in the same process:
+    a second process would spend its first 20 s importing. If that export fails, finish_arm runs it
+    as a command of its own."""
     from specforge.cli import main
 
     from recipe.shards.export import specforge_raw
     from recipe.shards.trainers import specforge_reads_shards
 
     if arm == "real_export":
-        return main(["train", "-c", config])  # its own reader over the exported .ckpt files
-    with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(arm, specforge_raw)):
-        return main(["train", "-c", config])
+        code = main(["train", "-c", config])  # its own reader over the exported .ckpt files
+    else:
+        with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(arm, specforge_raw)):
+            code = main(["train", "-c", config])
+    if code == 0 and export:
+        try:
+            print(f"specforge export in the training process: exit {main(['export', *export])}", flush=True)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - finish_arm exports again, in a process of its own
+            print(f"specforge export in the training process failed: {type(e).__name__}: {e}", flush=True)
+    return code
+
+
+def sglang_export_args(work: Path, arm: str, draft: Path) -> list[str]:
+    return ["--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config", str(draft),
+            "--output-dir", str(work / "serve" / arm)]  # fmt: skip
 
 
 def specforge(*args: str, log_path: Path) -> subprocess.Popen:
@@ -707,26 +723,28 @@ def verify(shards: Path, log_path: Path) -> subprocess.Popen:
 
 def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: list[int], plan: dict):
     cfg = run_yaml(work, arm, features[arm], draft, layer_ids, plan)
+    shutil.rmtree(work / "serve" / arm, ignore_errors=True)  # an earlier call's export is not this one's
     logf = open(work / "drafts" / f"{arm}.log", "w")
     # six trainers, the export's workers and servers share 16 cores: torch's default of a thread per
     # core in each would oversubscribe them (GPU math is unaffected by CPU threads)
     env = dict(os.environ, DRAFT_TARGET=str(work / "target"), OMP_NUM_THREADS="2")
     argv = [sys.executable, __file__, "_sftrain", arm, str(cfg)]
+    if arm in served_arms(plan):
+        argv += sglang_export_args(work, arm, draft)
     log(f"train {arm}: SpecForge on {features[arm]}")
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
 
 
 def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path, served: tuple) -> str:
-    """Wait for one arm's training, export its draft for SGLang (if it is served), keep its loss curve
-    (written last: it marks the arm done for a resumed call)."""
+    """Wait for one arm's training (and its draft's export for SGLang, if it is served: the export is
+    run here if the training process's failed), keep its loss curve (written last: it marks the arm
+    done for a resumed call)."""
     if p.wait() != 0:
         tail = "\n".join((work / "drafts" / f"{arm}.log").read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"train {arm}: specforge train exited {p.returncode}\n{tail}")
     took = time.monotonic() - t0
-    if arm in served:
-        ex = specforge("export", "--to", "sglang", "--checkpoint", str(work / "drafts" / arm), "--draft-config",
-                       str(draft), "--output-dir", str(work / "serve" / arm),
-                       log_path=work / "drafts" / f"{arm}-export.log")  # fmt: skip
+    if arm in served and not (work / "serve" / arm / "config.json").exists():
+        ex = specforge("export", *sglang_export_args(work, arm, draft), log_path=work / "drafts" / f"{arm}-export.log")
         if ex.wait() != 0:
             raise SystemExit(f"export {arm}: see {work / 'drafts' / f'{arm}-export.log'}")
     curve = loss_curve(work / "drafts" / f"{arm}.log")
