@@ -905,8 +905,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--learning-rate", type=float, default=2e-3)
-    # SpecForge's default unrolls 7 draft steps; serving takes 3, so 4 (the 3 served + 1) cover them
-    ap.add_argument("--ttt-length", type=int, default=4)
+    # SpecForge's default unrolls 7 draft steps. Serving drafts 3 tokens (--speculative-num-steps 3):
+    # one from the draft's pass over the target's states, two from its own (SGLang's eagle_worker_v2
+    # draft loop), which are unrolled positions 0-2; a 4th costs a quarter more training for a
+    # position nothing serves
+    ap.add_argument("--ttt-length", type=int, default=3)
     # the export arm trains the first N steps of the same schedule, compared step for step with the
     # direct arm (0: the whole run, and it is served too)
     ap.add_argument("--export-steps", type=int, default=60)
