@@ -20,8 +20,9 @@ with a system turn (SpecForge's llama3 template adds its own system prompt to re
 
 Same data, for every sample: token ids; loss mask (each difference listed with its token); each aux slot
 and the final state, ours against SpecForge's first T rows (it pads each batch of 32 to its longest sample
-and stores the padding): relative L2 distance and the share of bit-equal values. Within bf16 rounding
-means a relative L2 distance under 2^-8, bf16's own relative precision.
+and stores the padding): relative L2 distance and the share of bit-equal values. Two yardsticks: 2^-8,
+bf16's own relative precision; and bf16's band for this model (bf16_band: 2 x the worst distance between
+HF in bf16 and HF in float32 per slot, on --band-samples samples, as tests/gpu bounds fidelity).
 Per arm: peak GPU memory (nvidia-smi, over the idle baseline) and peak host RSS (the bench's child
 process tree, summed), sampled every 0.5 s.
 """
@@ -230,9 +231,36 @@ def compare_sample(ours: dict, theirs: dict, n_aux: int) -> dict:
     return out
 
 
-def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 256) -> dict:
+def bf16_band(model_dir: Path, recipe_out: Path, data: Path, n: int, device: str = "cuda") -> list[float]:
+    """bf16's own band, as the GPU proof bounds fidelity (tests/gpu): per slot, 2 x the worst rel-L2
+    between HF in bf16 and HF in float32 over the data's first n samples, at our capture layers and the
+    final state. Two bf16 computations of one function, each within e of it, are within 2e of each other."""
+    import torch
+
+    from recipe.backends.hf import HFBackend
+    from recipe.data import sample_id, to_messages
+    from recipe.shards import ShardReader
+
+    reader = ShardReader(recipe_out)
+    layers = reader.manifest["capture"]["layers"]
+    lines = open(data).read().splitlines()[:n]
+    ids = [reader.get(sample_id(to_messages(json.loads(x))))["input_ids"].numpy() for x in lines]
+    states = {}
+    for dtype in ("bfloat16", "float32"):  # one model on the GPU at a time
+        with HFBackend(model_dir, layers, True, device=device, dtype=dtype, batch_size=1) as hf:
+            states[dtype] = [hf.hidden_states([x])[0].float() for x in ids]
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    worst = torch.zeros(len(layers) + 1)
+    for a, b in zip(states["bfloat16"], states["float32"]):
+        worst = torch.maximum(worst, (a - b).norm(dim=(0, 2)) / b.norm(dim=(0, 2)).clamp_min(1e-30))
+    return [round(2 * float(e), 6) for e in worst]
+
+
+def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 256, band=None) -> dict:
     """Every sample of the data file: ours by its id, SpecForge's file found by its first key_len token ids
-    (its files are numbered by batch position; that order is checked, not assumed)."""
+    (its files are numbered by batch position; that order is checked, not assumed). `band`: bf16_band's,
+    per slot; a sample is within it when every slot is."""
     import torch
 
     from recipe.data import sample_id, to_messages
@@ -270,6 +298,8 @@ def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 25
         "rel_l2_mean_per_slot": [round(sum(p["rel_l2"][k] for p in per) / len(per), 6) for k in range(n_aux + 1)],
         "bit_equal_mean_per_slot": [round(sum(p["bit_equal"][k] for p in per) / len(per), 4) for k in range(n_aux + 1)],
         "within_bf16": sum(max(p["rel_l2"]) < BF16_REL for p in per),
+        "bf16_band_per_slot": band,
+        "within_bf16_band": None if band is None else sum(all(e <= b for e, b in zip(p["rel_l2"], band)) for p in per),
         "tokens_real": sum(p["tokens"] for p in per),
         "tokens_padded": sum(p["padded_to"] for p in per),
     }
@@ -305,6 +335,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--reuse-specforge", help="an earlier peers JSON whose SpecForge arm's files are still here")
     ap.add_argument("--reuse-recipe", help="an earlier peers JSON whose recipe arm's shards are still on this machine")
+    # HF in bf16 and in float32 on the first N samples: the band the states are held to (bf16_band)
+    ap.add_argument("--band-samples", type=int, default=32)
     args = ap.parse_args()
     args.fake, args.specforge_script = False, str(Path(args.specforge_script).resolve())
     work = Path(args.work)
@@ -334,7 +366,10 @@ def main():
         res["arms"]["specforge"] = specforge_arm(args, model_dir, theirs)
     save()
     if res["arms"]["specforge"]["rc"] == 0:
-        res["same_data"] = compare(Path(res["arms"]["recipe"]["out"]), Path(res["arms"]["specforge"]["out"]), ours)
+        recipe_out, t_band = Path(res["arms"]["recipe"]["out"]), time.monotonic()
+        band = bf16_band(model_dir, recipe_out, ours, args.band_samples) if args.band_samples else None
+        res["bf16_band_s"] = round(time.monotonic() - t_band, 1)
+        res["same_data"] = compare(recipe_out, Path(res["arms"]["specforge"]["out"]), ours, band=band)
         res["ratios"] = ratios(res)
     res["total_s"] = round(time.monotonic() - t0)
     save()

@@ -58,6 +58,12 @@ MUTATIONS = {
         "",
         ["tests/test_export.py::test_an_export_worker_runs_one_torch_thread"],
     ),
+    "bf16_band_passes_a_sample_with_one_slot_inside": (
+        "bench/peers.py",
+        "sum(all(e <= b for e, b in zip(p[\"rel_l2\"], band)) for p in per)",
+        "sum(any(e <= b for e, b in zip(p[\"rel_l2\"], band)) for p in per)",
+        ["tests/test_peers.py::test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it"],
+    ),
     "index_line_read_up_to_its_first_record": (
         "recipe/shards/store.py",
         "        if end == len(line):\n",

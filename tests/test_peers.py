@@ -74,3 +74,21 @@ def test_same_data_check_cuts_batch_padding_and_sees_each_difference(tmp_path):
     assert seen["loss_mask_diff_examples"][0][0] == 4
     assert seen["within_bf16"] == 3 and 0.009 < seen["rel_l2_worst_per_slot"][3] < 0.011
     assert seen["rel_l2_worst_per_slot"][:3] == [0.0] * 3
+
+
+def test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it(tmp_path):
+    """bf16's own band (HF bf16 against HF float32, x2, per slot) lets through SpecForge's states when
+    they are ours, and sees one slot moved by more than the band."""
+    from recipe.tiny import resolve_model_path
+
+    data, _ = peers.write_data(tmp_path, 4, 100, 300)
+    ours, theirs = specforge_layout(tmp_path, data)
+    band = peers.bf16_band(resolve_model_path("builtin:tiny-llama"), ours, data, n=4, device="cpu")
+    assert len(band) == 4 and all(0 < b < 0.5 for b in band)  # bf16 rounds: never 0, never gross
+
+    y = torch.load(theirs / specforge_file(1), weights_only=True)
+    H = y["hidden_state"].shape[-1]
+    y["aux_hidden_state"][..., H : 2 * H] *= 1 + 2 * band[1]  # the middle slot only
+    torch.save(y, theirs / specforge_file(1))
+    seen = peers.compare(ours, theirs, data, band=band)
+    assert (seen["samples"], seen["within_bf16_band"], seen["bf16_band_per_slot"]) == (4, 3, band)
