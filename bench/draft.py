@@ -82,6 +82,7 @@ DATA_SERVE = BASE + ["--mem-fraction-static", "0.4", "--max-total-tokens", "1048
 USER_BYTES, REPLY_BYTES = (192, 384), 256
 BATCH1_PROMPTS = 4  # decode speed at batch 1: 4 held-out prompts, up to 256 tokens each (steady ~1K tokens)
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
+OWN_READER = ("real_export", "specforge_set")  # arms SpecForge trains through its own reader (its files)
 
 
 def log(*a):
@@ -543,7 +544,7 @@ def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[
             "attention_backend": "sdpa",
             "fsdp_sharding": "NO_SHARD",  # one GPU: their DDP path (FSDP also refuses a CPU plumbing check)
             "log_interval": 10,
-            "seed": 0,
+            "seed": plan.get("seed", 0),
         },
     }
     p = work / "drafts" / f"{arm}.json"  # JSON is YAML: SpecForge's load_config reads it
@@ -592,8 +593,8 @@ def sf_train(arm: str, config: str, *export: str) -> int:
     from recipe.shards.export import specforge_raw
     from recipe.shards.trainers import specforge_reads_shards
 
-    if arm == "real_export":
-        code = main(["train", "-c", config])  # its own reader over the exported .ckpt files
+    if arm in OWN_READER:
+        code = main(["train", "-c", config])  # its own reader over .ckpt files (our export's or its own)
     else:
         with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(arm, specforge_raw)):
             code = main(["train", "-c", config])
@@ -721,7 +722,8 @@ def verify(shards: Path, log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
 
 
-def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: list[int], plan: dict):
+def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: list[int], plan: dict, serve=None):
+    """`serve`: export the draft for SGLang when it is trained (default: the arm is in served_arms)."""
     cfg = run_yaml(work, arm, features[arm], draft, layer_ids, plan)
     shutil.rmtree(work / "serve" / arm, ignore_errors=True)  # an earlier call's export is not this one's
     logf = open(work / "drafts" / f"{arm}.log", "w")
@@ -729,7 +731,7 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     # core in each would oversubscribe them (GPU math is unaffected by CPU threads)
     env = dict(os.environ, DRAFT_TARGET=str(work / "target"), OMP_NUM_THREADS="2")
     argv = [sys.executable, __file__, "_sftrain", arm, str(cfg)]
-    if arm in served_arms(plan):
+    if arm in served_arms(plan) if serve is None else serve:
         argv += sglang_export_args(work, arm, draft)
     log(f"train {arm}: SpecForge on {features[arm]}")
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()

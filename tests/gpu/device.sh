@@ -7,14 +7,15 @@
 #   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
 #   bash tests/gpu/device.sh product    # bench/product.py (python -m recipe vs plain) -> $OUT/product.json, logs
 #   bash tests/gpu/device.sh draft      # bench/draft.py all -> $OUT/draft.json, draft.log, draft-logs.tgz
+#   bash tests/gpu/device.sh draft-peer # bench/draft_peer.py (after draft, same machine) -> $OUT/draft-peer.json, logs
 #   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
 #   bash tests/gpu/device.sh driverless # the image build's patch smoke with no GPU, then no driver -> $OUT/driverless.jsonl
-# SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2) goes to /tmp/peer, apart.
+# SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2, p3) goes to /tmp/peer, apart.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/site /tmp/peer
-for d in a b r s p1 p2; do
+for d in a b r s p1 p2 p3; do
   site=/tmp/site; [[ $d == p* ]] && site=/tmp/peer
   if [ -d .gpu-wheels/$d ] && [ ! -e $site/.installed-$d ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .gpu-wheels/$d/*.whl \
@@ -32,6 +33,9 @@ case "${1:-install}" in
   draft)
     timeout 585 python3 bench/draft.py all --work /tmp/draft --out "$OUT/draft.json" "${@:2}" 2>&1 | tee "$OUT/draft.log" | grep -v "HTTP Request" | tail -60
     (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json data/data.json) ;;
+  draft-peer)
+    timeout 585 python3 bench/draft_peer.py --work /tmp/draft --out "$OUT/draft-peer.json" "${@:2}" 2>&1 | tee "$OUT/draft-peer.log" | grep -v "HTTP Request" | tail -40
+    (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed1*.log) ;;
   product)
     timeout 585 python3 bench/product.py --out "$OUT/product.json" "${@:2}" 2>&1 | tee "$OUT/product.log" | grep -v "HTTP Request" | tail -40
     cp /tmp/bench-product/recipe-*.log "$OUT/" 2>/dev/null

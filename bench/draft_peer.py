@@ -1,0 +1,182 @@
+"""A draft from SpecForge's own extraction beside drafts from the recipe's shards: the same conversations,
+target and training schedule, served the same way. Does either set train a draft that SGLang accepts as
+often? Run after `bench/draft.py all`, in its work folder, on the same machine:
+
+    python bench/draft_peer.py --work /tmp/draft --out draft-peer.json    # bash tests/gpu/device.sh draft-peer
+
+Steps:
+  extract  SpecForge 0.2.0's scripts/prepare_hidden_states.py as its docs run it (torchrun, one process,
+           batch 32, its in-process SGLang 0.5.14 staged by tests/gpu/stage-peer.sh) on draft.py's training
+           conversations, at the draft config's layers. They go in as preformatted text
+           (`--is-preformatted`): given as messages, its llama3 template adds a 400-byte system prompt
+           that our conversations and the served prompts lack. Its token ids and loss masks are checked
+           against our shards' on the first --check files
+  train    SpecForge trains a draft from its files (its own reader), and another from our shards with
+           seed 1 (two trainings on the same data: the noise), both at once, on draft.py's schedule
+  serve    draft.py's real draft (our shards, seed 0), the seed-1 draft and the SpecForge-set draft, each in
+           an SGLang EAGLE3 server: acceptance length at batch 16 on the held-out prompts
+Verdict: the SpecForge-set draft is within noise when its acceptance is within |seed 0 - seed 1| of the
+mean of our two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import draft  # noqa: E402
+
+PEER_ARMS = ("specforge_set", "real_seed1")
+
+
+def write_text_data(work: Path) -> tuple[Path, list[list[int]]]:
+    """draft.py's training conversations as SpecForge's preformatted records ({"text": ...}, the llama3
+    template already applied: the byte tokenizer gives back the same ids), and those ids."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(work / "target")
+    chat, out, ids = draft.Chat(tok), work / "data" / "train-specforge.jsonl", []
+    with open(work / "data" / "train.jsonl") as f, open(out, "w") as fo:
+        for line in f:
+            user, reply = (m["content"].encode() for m in json.loads(line)["messages"])
+            ids.append(chat.conversation(user, reply))
+            fo.write(json.dumps({"text": tok.decode(ids[-1])}) + "\n")
+    return out, ids
+
+
+def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> dict:
+    out = work / "sf-peer"
+    for d in (out, work / "sf-peer-cache"):  # it skips samples whose files exist, and caches its dataset
+        shutil.rmtree(d, ignore_errors=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", script]
+    cmd += ["--target-model-path", str(work / "target"), "--data-path", str(data), "--output-path", str(out)]
+    cmd += ["--chat-template", "llama3", "--is-preformatted", "--max-length", "2048", "--tp-size", "1"]
+    cmd += ["--batch-size", "32", "--draft-model-config", str(work / "drafts" / "draft.json")]
+    cmd += ["--sglang-attention-backend", "triton", "--cache-dir", str(work / "sf-peer-cache")]
+    env = dict(os.environ, PYTHONPATH=f"{peer_site}:{os.environ.get('PYTHONPATH', '')}")
+    t0 = time.monotonic()
+    with open(work / "drafts" / "specforge-extract.log", "w") as log:
+        rc = subprocess.run(cmd, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"SpecForge's extraction exited {rc}: see {work / 'drafts' / 'specforge-extract.log'}")
+    files = sorted(out.rglob("data_*.ckpt"))
+    size = sum(p.stat().st_size for p in files)
+    return {"command": " ".join(cmd), "seconds": round(time.monotonic() - t0, 1), "files": len(files), "bytes": size}
+
+
+def check_same_data(work: Path, ours_ids: list[list[int]], n: int) -> dict:
+    """SpecForge's first n files (sorted) against our shards: each found by its first 256 token ids among
+    the conversations, then its ids and loss mask against our stored sample's (its padding cut off)."""
+    import torch
+
+    from recipe.data import sample_id, to_messages
+    from recipe.shards import ShardReader
+
+    lines = (work / "data" / "train.jsonl").read_text().splitlines()
+    by_prefix = {tuple(x[:256]): i for i, x in enumerate(ours_ids)}
+    reader, out = ShardReader(work / "shards" / "real"), {"checked": 0, "ids_equal": 0, "loss_mask_equal": 0}
+    for f in sorted((work / "sf-peer").rglob("data_*.ckpt"))[:n]:
+        theirs = torch.load(f, map_location="cpu", weights_only=True)
+        tid, tmask = theirs["input_ids"].view(-1), theirs["loss_mask"].view(-1)
+        i = by_prefix.get(tuple(tid[:256].tolist()))
+        if i is None:
+            continue
+        x = reader.get(sample_id(to_messages(json.loads(lines[i]))))
+        T = len(x["input_ids"])
+        out["checked"] += 1
+        out["ids_equal"] += bool(len(tid) >= T and (tid[:T] == x["input_ids"].long()).all())
+        out["loss_mask_equal"] += bool((tmask[:T] == x["loss_mask"].long()).all())
+    return out
+
+
+def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int) -> dict:
+    """Both arms at once, each exported for SGLang as it finishes (draft.launch_arm / finish_arm)."""
+    draft_cfg = work / "drafts" / "draft.json"
+    features = {"specforge_set": work / "sf-peer", "real_seed1": work / "shards" / "real"}
+    plans = {"specforge_set": dict(plan, samples=sf_files), "real_seed1": dict(plan, seed=1)}
+    procs = {
+        arm: draft.launch_arm(work, arm, features, draft_cfg, layer_ids, plans[arm], serve=True) for arm in PEER_ARMS
+    }
+    with cf.ThreadPoolExecutor(len(procs)) as pool:
+        done = [pool.submit(draft.finish_arm, work, arm, p, t, draft_cfg, PEER_ARMS) for arm, (p, t) in procs.items()]
+        for f in done:
+            f.result()
+    arms = {}
+    for arm in PEER_ARMS:
+        curve = json.loads((work / "drafts" / f"{arm}-curve.json").read_text())
+        arms[arm] = {"log_points": len(curve), "last": curve[-1] if curve else None}
+    return arms
+
+
+def acceptance(work: Path, names: tuple[str, ...]) -> dict:
+    """Each draft in its own EAGLE3 server (started here, in the main thread: a server dies with the
+    thread that started it), all at once; batch 16 on the held-out prompts."""
+    prompts, stop = draft.eval_prompts(work), draft.stop_ids(work)
+    servers = {}
+    for i, name in enumerate(names):
+        spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(work / "serve" / name)]
+        servers[name] = draft.server(work, f"peer-serve-{name}", work / "target", 32100 + i, [*spec, *draft.SPEC])
+    try:
+        for s in servers.values():
+            s.start()
+
+        def measure(s):
+            s.wait_ready()
+            return draft.decode_figures(s, prompts, stop, 16)
+
+        with cf.ThreadPoolExecutor(len(servers)) as pool:
+            done = {n: pool.submit(measure, s) for n, s in servers.items()}
+            return {n: f.result() for n, f in done.items()}
+    finally:
+        for s in servers.values():
+            s.stop(grace_s=5)
+
+
+def verdict(acc: dict) -> dict:
+    a, b, c = (acc[n]["accept_length"] for n in ("real", "real_seed1", "specforge_set"))
+    noise, ours = abs(a - b), (a + b) / 2
+    return {"ours_seed0": a, "ours_seed1": b, "specforge_set": c, "noise": round(noise, 3),
+            "specforge_set_minus_ours": round(c - ours, 3), "within_noise": abs(c - ours) <= noise}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/draft"))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--peer-site", default="/tmp/peer", help="SGLang 0.5.14 and its pins (tests/gpu/stage-peer.sh)")
+    ap.add_argument("--specforge-script", default=".gpu-wheels/p2/prepare_hidden_states.py")
+    ap.add_argument("--check", type=int, default=64, help="SpecForge files whose ids and loss mask are checked")
+    a = ap.parse_args(argv)
+    res = json.loads((a.work / "results.json").read_text())  # draft.py's: its plan and its layer ids
+    if not (a.work / "serve" / "real" / "config.json").exists():
+        raise SystemExit(f"no served real draft in {a.work}: run bench/draft.py all there first")
+    t0 = time.monotonic()
+    for d in ("sf-export", "shards/off_by_one"):  # the disk holds our shards and SpecForge's files, not more
+        shutil.rmtree(a.work / d, ignore_errors=True)
+    data, ours_ids = write_text_data(a.work)
+    out = {"extract": specforge_extract(a.work, data, str(Path(a.specforge_script).resolve()), a.peer_site)}
+    draft.log(f"peer: SpecForge wrote {out['extract']['files']} files in {out['extract']['seconds']} s")
+    out["same_data"] = check_same_data(a.work, ours_ids, a.check)
+    plan, layer_ids = res["train"]["plan"], res["train"]["layer_ids_specforge"]
+    out["train"] = train_peers(a.work, plan, layer_ids, out["extract"]["files"])
+    out["acceptance"] = acceptance(a.work, ("real", *PEER_ARMS))
+    out["verdict"] = verdict(out["acceptance"])
+    out["call_seconds"] = round(time.monotonic() - t0, 1)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""bench/draft_peer.py's inputs, on the CPU: the conversations it hands SpecForge as preformatted text
+come back through SpecForge's own preprocessing as our shards' token ids and loss masks, and its check of
+SpecForge's files against our shards sees a changed id or mask bit."""
+
+import json
+import random
+import sys
+import warnings
+
+import pytest
+import torch
+from conftest import ROOT, compose
+
+if not (ROOT / "bench" / "draft_peer.py").exists():  # inside the image (compose's test profile): no benches
+    pytest.skip("bench/ is not in the image", allow_module_level=True)
+sys.path.insert(0, str(ROOT / "bench"))
+import draft  # noqa: E402
+import draft_peer  # noqa: E402
+
+from recipe.main import run  # noqa: E402
+from recipe.shards.export import specforge_file  # noqa: E402
+from recipe.tiny import make_tokenizer  # noqa: E402
+
+TINY = dict(draft.TARGET, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A draft.py work folder: a tiny target, its training conversations, our shards of them."""
+    work = tmp_path_factory.mktemp("draft-peer")
+    tok = make_tokenizer("llama3")
+    draft.save_target(draft.target_model(draft.Chat(tok), 0, TINY), tok, work / "target")
+    files, rng = draft.corpus(2 << 20)[0], random.Random(0)
+    (work / "data").mkdir()
+    with open(work / "data" / "train.jsonl", "w") as f:
+        for _ in range(6):
+            user, reply = draft.window(files, rng)
+            msgs = [{"role": "user", "content": user.decode()}, {"role": "assistant", "content": reply.decode()}]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    data = work / "data" / "train.jsonl"
+    run(compose([
+        f"model.path={work / 'target'}", "model.name=peer", "data=jsonl", f"data.sources=[{data}]",
+        "capture.layers=[2,4,5]", f"output_dir={work / 'shards' / 'real'}", f"capture.dump_dir={work / 'shm'}",
+    ]))  # fmt: skip
+    return work
+
+
+def specforge_files(work, ids_list, masks):
+    """SpecForge's layout of what its preprocessing made of the text records (states left out: not checked
+    here), numbered in reverse, as its batches number files in their own order."""
+    out = work / "sf-peer"
+    n = len(ids_list)
+    for i, (ids, mask) in enumerate(zip(ids_list, masks)):
+        (out / specforge_file(n - 1 - i)).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": ids, "loss_mask": mask}, out / specforge_file(n - 1 - i))
+
+
+def test_specforge_reads_the_text_records_as_our_shards_ids_and_masks_and_a_change_is_seen(work):
+    from specforge.data.preprocessing import preprocess_conversations
+    from specforge.data.template import TEMPLATE_REGISTRY
+
+    data, ours_ids = draft_peer.write_text_data(work)
+    texts = [json.loads(x)["text"] for x in data.read_text().splitlines()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sf = preprocess_conversations(
+            make_tokenizer("llama3"), texts, TEMPLATE_REGISTRY.get("llama3"), max_length=2048,
+            is_preformatted=True, tools=[[]] * len(texts),  # its default, [[]], would zip to one record
+        )  # fmt: skip
+    ids_list, masks = [x.view(-1) for x in sf["input_ids"]], [x.view(-1) for x in sf["loss_mask"]]
+    assert [x.tolist() for x in ids_list] == ours_ids
+    specforge_files(work, ids_list, masks)
+    assert draft_peer.check_same_data(work, ours_ids, 64) == {"checked": 6, "ids_equal": 6, "loss_mask_equal": 6}
+
+    masks[1] = masks[1].clone()
+    masks[1][-3] = 1 - masks[1][-3]
+    ids_list[2] = ids_list[2].clone()
+    ids_list[2][-2] += 1  # past the first 256 ids that find the sample
+    specforge_files(work, ids_list, masks)
+    assert draft_peer.check_same_data(work, ours_ids, 64) == {"checked": 6, "ids_equal": 5, "loss_mask_equal": 5}
+
+
+def test_the_verdict_measures_specforge_against_our_two_seeds():
+    acc = {"real": {"accept_length": 3.0}, "real_seed1": {"accept_length": 3.2}}
+    inside = draft_peer.verdict(acc | {"specforge_set": {"accept_length": 3.25}})
+    outside = draft_peer.verdict(acc | {"specforge_set": {"accept_length": 2.85}})
+    assert inside["within_noise"] and inside["noise"] == 0.2 and not outside["within_noise"]
