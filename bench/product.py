@@ -18,6 +18,8 @@ ids), 512-4096 bytes per sample.
 
   python bench/product.py --samples 300 --out product.json          # GPU host (~16 GB of weights in --model-dir)
   python bench/product.py --fake --samples 20                       # CPU plumbing check (tests/fake_sglang.py)
+  python bench/product.py --samples 3000 --warm-only --out-root /dev/shm/bench-product   # after a run warmed
+      # the machine: a set larger than the disk goes to the RAM disk
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def log_time(line: str) -> float:
 
 def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
     """The recipe's command as a user types it; returns its timings and its shards' folder."""
-    out, dumps = Path(args.work) / f"out-{tag}", Path(args.shm) / f"product-{tag}"
+    out, dumps = Path(args.out_root or args.work) / f"out-{tag}", Path(args.shm) / f"product-{tag}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "recipe", "backend=sglang", "model=llama-3.1-8b", f"model.path={model_dir}"]
     cmd += [f"data.sources=[{data}]", f"output_dir={out}", f"capture.dump_dir={dumps}", f"server.port={args.port}"]
@@ -150,6 +152,43 @@ def prepare_model(args) -> Path:
     return model_dir
 
 
+def ratios(res: dict, tag: str, arm: dict, plain: dict) -> None:
+    res[f"{tag}/plain ready-to-durable"] = round(plain["client_s"] / arm["ready_to_durable_s"], 4)
+    res[f"{tag}/plain ready-to-exit"] = round(plain["client_s"] / arm["ready_to_exit_s"], 4)
+
+
+def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
+    """The product on a fresh machine, plain on its ids, then the product again, warm (if the deadline
+    allows). Each set is removed once read: the disk holds one at a time."""
+    cold = product_arm(args, "cold", model_dir, data)
+    res["arms"]["product-cold"] = cold
+    save()
+    plain = plain_arm(args, model_dir, Path(cold["out"]))
+    res["arms"]["plain"] = plain
+    shutil.rmtree(cold["out"], ignore_errors=True)
+    ratios(res, "cold", cold, plain)
+    save()
+    # the warm arm's start is about the plain arm's (same machine, kernels compiled)
+    if time.monotonic() - t0 + plain["server_ready_s"] + cold["ready_to_exit_s"] + 15 < args.deadline_s:
+        warm = product_arm(args, "warm", model_dir, data)
+        res["arms"]["product-warm"] = warm
+        ratios(res, "warm", warm, plain)
+        shutil.rmtree(warm["out"], ignore_errors=True)
+    else:
+        res["product-warm"] = "skipped: it would pass --deadline-s"
+
+
+def warm_only(args, model_dir: Path, data: Path, res: dict, save) -> None:
+    """On a machine an earlier call warmed (kernels compiled): the product, then plain on its ids."""
+    warm = product_arm(args, "warm", model_dir, data)
+    res["arms"]["product-warm"] = warm
+    save()
+    plain = plain_arm(args, model_dir, Path(warm["out"]))
+    res["arms"]["plain"] = plain
+    shutil.rmtree(warm["out"], ignore_errors=True)
+    ratios(res, "warm", warm, plain)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default="/tmp/llama8b")
@@ -161,6 +200,9 @@ def main():
     ap.add_argument("--port", type=int, default=33000)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--work", default="/tmp/bench-product")
+    # where each product arm's shards go (default --work): /dev/shm for a set larger than the disk
+    ap.add_argument("--out-root", default=None)
+    ap.add_argument("--warm-only", action="store_true", help="skip the cold arm: the product, then plain")
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the warm product arm past this")
     ap.add_argument("--out")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
@@ -178,24 +220,10 @@ def main():
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=2))
 
-    cold = product_arm(args, "cold", model_dir, data)
-    res["arms"]["product-cold"] = cold
-    save()
-    plain = plain_arm(args, model_dir, Path(cold["out"]))
-    res["arms"]["plain"] = plain
-    shutil.rmtree(cold["out"], ignore_errors=True)  # the disk holds one set at a time
-    res["cold/plain ready-to-durable"] = round(plain["client_s"] / cold["ready_to_durable_s"], 4)
-    res["cold/plain ready-to-exit"] = round(plain["client_s"] / cold["ready_to_exit_s"], 4)
-    save()
-    # the warm arm's start is about the plain arm's (same machine, kernels compiled)
-    if time.monotonic() - t0 + plain["server_ready_s"] + cold["ready_to_exit_s"] + 15 < args.deadline_s:
-        warm = product_arm(args, "warm", model_dir, data)
-        res["arms"]["product-warm"] = warm
-        res["warm/plain ready-to-durable"] = round(plain["client_s"] / warm["ready_to_durable_s"], 4)
-        res["warm/plain ready-to-exit"] = round(plain["client_s"] / warm["ready_to_exit_s"], 4)
-        shutil.rmtree(warm["out"], ignore_errors=True)
+    if args.warm_only:
+        warm_only(args, model_dir, data, res, save)
     else:
-        res["product-warm"] = "skipped: it would pass --deadline-s"
+        cold_then_warm(args, model_dir, data, res, save, t0)
     save()
     print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
 
