@@ -157,17 +157,26 @@ def ratios(res: dict, tag: str, arm: dict, plain: dict) -> None:
     res[f"{tag}/plain ready-to-exit"] = round(plain["client_s"] / arm["ready_to_exit_s"], 4)
 
 
+def product_then_plain(args, tag: str, model_dir: Path, data: Path, res: dict, save) -> tuple[dict, dict]:
+    """The product, then plain on the ids it stored; its set removed once read (the disk holds one)."""
+    arm = product_arm(args, tag, model_dir, data)
+    res["arms"][f"product-{tag}"] = arm
+    save()
+    plain = plain_arm(args, model_dir, Path(arm["out"]))
+    res["arms"]["plain"] = plain
+    shutil.rmtree(arm["out"], ignore_errors=True)
+    ratios(res, tag, arm, plain)
+    save()
+    return arm, plain
+
+
 def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
     """The product on a fresh machine, plain on its ids, then the product again, warm (if the deadline
-    allows). Each set is removed once read: the disk holds one at a time."""
-    cold = product_arm(args, "cold", model_dir, data)
-    res["arms"]["product-cold"] = cold
-    save()
-    plain = plain_arm(args, model_dir, Path(cold["out"]))
-    res["arms"]["plain"] = plain
-    shutil.rmtree(cold["out"], ignore_errors=True)
-    ratios(res, "cold", cold, plain)
-    save()
+    allows). With --warm-only (a machine an earlier call warmed): the product, then plain."""
+    if args.warm_only:
+        product_then_plain(args, "warm", model_dir, data, res, save)
+        return
+    cold, plain = product_then_plain(args, "cold", model_dir, data, res, save)
     # the warm arm's start is about the plain arm's (same machine, kernels compiled)
     if time.monotonic() - t0 + plain["server_ready_s"] + cold["ready_to_exit_s"] + 15 < args.deadline_s:
         warm = product_arm(args, "warm", model_dir, data)
@@ -176,17 +185,6 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
         shutil.rmtree(warm["out"], ignore_errors=True)
     else:
         res["product-warm"] = "skipped: it would pass --deadline-s"
-
-
-def warm_only(args, model_dir: Path, data: Path, res: dict, save) -> None:
-    """On a machine an earlier call warmed (kernels compiled): the product, then plain on its ids."""
-    warm = product_arm(args, "warm", model_dir, data)
-    res["arms"]["product-warm"] = warm
-    save()
-    plain = plain_arm(args, model_dir, Path(warm["out"]))
-    res["arms"]["plain"] = plain
-    shutil.rmtree(warm["out"], ignore_errors=True)
-    ratios(res, "warm", warm, plain)
 
 
 def main():
@@ -220,10 +218,7 @@ def main():
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=2))
 
-    if args.warm_only:
-        warm_only(args, model_dir, data, res, save)
-    else:
-        cold_then_warm(args, model_dir, data, res, save, t0)
+    cold_then_warm(args, model_dir, data, res, save, t0)
     save()
     print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
 
