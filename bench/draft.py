@@ -122,8 +122,15 @@ def window(files: list[bytes], rng: random.Random) -> tuple[bytes, bytes]:
     return clean(f[at : at + u]), clean(f[at + u : at + u + REPLY_BYTES])
 
 
+# Every conversation opens with this system turn. SpecForge's llama3 template adds a 400-byte system
+# prompt of its own to a conversation without one (bench/draft_peer.py gives it these conversations),
+# and its offline extraction reads only `conversations`, so preformatted text is no way around it.
+SYSTEM = b"You are a careful Python programmer."
+
+
 class Chat:
-    """Token ids of the llama3 template (recipe.tiny.LLAMA3) on the byte tokenizer: byte b is id b."""
+    """Token ids of the llama3 template (recipe.tiny.LLAMA3) on the byte tokenizer: byte b is id b;
+    with the SYSTEM turn first."""
 
     def __init__(self, tok):
         ids = tok.convert_tokens_to_ids
@@ -136,7 +143,8 @@ class Chat:
         return [self.sh, *role.encode(), self.eh, *b"\n\n", *content, self.eot]
 
     def prompt(self, user: bytes) -> list[int]:
-        return [self.bos, *self.turn("user", user), self.sh, *b"assistant", self.eh, *b"\n\n"]
+        head = [self.bos, *self.turn("system", SYSTEM), *self.turn("user", user)]
+        return [*head, self.sh, *b"assistant", self.eh, *b"\n\n"]
 
     def conversation(self, user: bytes, reply: bytes) -> list[int]:
         return [*self.prompt(user), *reply, self.eot]
@@ -165,7 +173,7 @@ def save_target(model, tok, out: Path) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-TARGET_LEN = 1 + 24 + USER_BYTES[1] + REPLY_BYTES  # the longest conversation, in tokens (bytes)
+TARGET_LEN = 1 + 24 + 10 + len(SYSTEM) + USER_BYTES[1] + REPLY_BYTES  # the longest conversation, in tokens
 
 
 def target_model(chat: Chat, seed: int, config: dict = TARGET):
@@ -425,13 +433,18 @@ def write_data(out: Path, users: list[bytes], evals: list[bytes], outs: list[dic
         for u, o in zip(users, outs):
             reply = reply_text(o["output_ids"])
             if reply:
-                msgs = [{"role": "user", "content": u.decode()}, {"role": "assistant", "content": reply}]
+                msgs = [system_message(), {"role": "user", "content": u.decode()}]
+                msgs.append({"role": "assistant", "content": reply})
                 f.write(json.dumps({"messages": msgs}) + "\n")
                 kept += 1
     with open(out / "eval.jsonl", "w") as f:
         for u in evals:
-            f.write(json.dumps({"messages": [{"role": "user", "content": u.decode()}]}) + "\n")
+            f.write(json.dumps({"messages": [system_message(), {"role": "user", "content": u.decode()}]}) + "\n")
     return kept
+
+
+def system_message() -> dict:
+    return {"role": "system", "content": SYSTEM.decode()}
 
 
 def eval_prompts(work: Path) -> list[list[int]]:
@@ -439,7 +452,7 @@ def eval_prompts(work: Path) -> list[list[int]]:
 
     chat = Chat(AutoTokenizer.from_pretrained(work / "target"))
     lines = (work / "data" / "eval.jsonl").read_text().splitlines()
-    return [chat.prompt(json.loads(x)["messages"][0]["content"].encode()) for x in lines]
+    return [chat.prompt(json.loads(x)["messages"][-1]["content"].encode()) for x in lines]  # [system, user]
 
 
 # --- step 3: extraction, exactly as a user runs it ----------------------------------------------

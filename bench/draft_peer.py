@@ -7,10 +7,9 @@ often? Run after `bench/draft.py all`, in its work folder, on the same machine:
 Steps:
   extract  SpecForge 0.2.0's scripts/prepare_hidden_states.py as its docs run it (torchrun, one process,
            batch 32, its in-process SGLang 0.5.14 staged by tests/gpu/stage-peer.sh) on draft.py's training
-           conversations, at the draft config's layers. They go in as preformatted text
-           (`--is-preformatted`): given as messages, its llama3 template adds a 400-byte system prompt
-           that our conversations and the served prompts lack. Its token ids and loss masks are checked
-           against our shards' on the first --check files
+           conversations (as its `conversations`; each has draft.py's system turn, so its llama3 template
+           adds no system prompt of its own), at the draft config's layers. Its token ids and loss masks
+           are checked against our shards' on the first --check files
   train    SpecForge trains a draft from its files (its own reader), and another from our shards with
            seed 1 (two trainings on the same data: the noise), both at once, on draft.py's schedule
   serve    draft.py's real draft (our shards, seed 0), the seed-1 draft and the SpecForge-set draft, each in
@@ -38,18 +37,19 @@ import draft  # noqa: E402
 PEER_ARMS = ("specforge_set", "real_seed1")
 
 
-def write_text_data(work: Path) -> tuple[Path, list[list[int]]]:
-    """draft.py's training conversations as SpecForge's preformatted records ({"text": ...}, the llama3
-    template already applied: the byte tokenizer gives back the same ids), and those ids."""
+def write_specforge_data(work: Path) -> tuple[Path, list[list[int]]]:
+    """draft.py's training conversations as SpecForge reads them ({"conversations": [system, user,
+    assistant]}), and the token ids of each (draft.Chat: the recipe's rendering, the same template)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(work / "target")
-    chat, out, ids = draft.Chat(tok), work / "data" / "train-specforge.jsonl", []
+    chat = draft.Chat(AutoTokenizer.from_pretrained(work / "target"))
+    out, ids = work / "data" / "train-specforge.jsonl", []
     with open(work / "data" / "train.jsonl") as f, open(out, "w") as fo:
         for line in f:
-            user, reply = (m["content"].encode() for m in json.loads(line)["messages"])
-            ids.append(chat.conversation(user, reply))
-            fo.write(json.dumps({"text": tok.decode(ids[-1])}) + "\n")
+            msgs = json.loads(line)["messages"]
+            content = {m["role"]: m["content"].encode() for m in msgs}
+            ids.append(chat.conversation(content["user"], content["assistant"]))
+            fo.write(json.dumps({"conversations": msgs}) + "\n")
     return out, ids
 
 
@@ -59,7 +59,7 @@ def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> di
         shutil.rmtree(d, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", script]
     cmd += ["--target-model-path", str(work / "target"), "--data-path", str(data), "--output-path", str(out)]
-    cmd += ["--chat-template", "llama3", "--is-preformatted", "--max-length", "2048", "--tp-size", "1"]
+    cmd += ["--chat-template", "llama3", "--max-length", "2048", "--tp-size", "1"]
     cmd += ["--batch-size", "32", "--draft-model-config", str(work / "drafts" / "draft.json")]
     cmd += ["--sglang-attention-backend", "triton", "--cache-dir", str(work / "sf-peer-cache")]
     env = dict(os.environ, PYTHONPATH=f"{peer_site}:{os.environ.get('PYTHONPATH', '')}")
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     for d in ("sf-export", "shards/off_by_one"):  # the disk holds our shards and SpecForge's files, not more
         shutil.rmtree(a.work / d, ignore_errors=True)
-    data, ours_ids = write_text_data(a.work)
+    data, ours_ids = write_specforge_data(a.work)
     out = {"extract": specforge_extract(a.work, data, str(Path(a.specforge_script).resolve()), a.peer_site)}
     draft.log(f"peer: SpecForge wrote {out['extract']['files']} files in {out['extract']['seconds']} s")
     out["same_data"] = check_same_data(a.work, ours_ids, a.check)

@@ -60,15 +60,17 @@ MUTATIONS = {
     ),
     "bf16_band_passes_a_sample_with_one_slot_inside": (
         "bench/peers.py",
-        "sum(all(e <= b for e, b in zip(p[\"rel_l2\"], band)) for p in per)",
-        "sum(any(e <= b for e, b in zip(p[\"rel_l2\"], band)) for p in per)",
+        'sum(all(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
+        'sum(any(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
         ["tests/test_peers.py::test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it"],
     ),
     "peer_check_passes_a_mask_with_one_bit_equal": (
         "bench/draft_peer.py",
         'out["loss_mask_equal"] += bool((tmask[:T] == x["loss_mask"].long()).all())',
         'out["loss_mask_equal"] += bool((tmask[:T] == x["loss_mask"].long()).any())',
-        ["tests/test_draft_peer.py::test_specforge_reads_the_text_records_as_our_shards_ids_and_masks_and_a_change_is_seen"],
+        [
+            "tests/test_draft_peer.py::test_specforge_reads_the_conversations_as_our_shards_ids_and_masks_and_a_change_is_seen"
+        ],
     ),
     "index_line_read_up_to_its_first_record": (
         "recipe/shards/store.py",

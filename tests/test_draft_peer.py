@@ -1,6 +1,6 @@
-"""bench/draft_peer.py's inputs, on the CPU: the conversations it hands SpecForge as preformatted text
-come back through SpecForge's own preprocessing as our shards' token ids and loss masks, and its check of
-SpecForge's files against our shards sees a changed id or mask bit."""
+"""bench/draft_peer.py's inputs, on the CPU: the conversations it hands SpecForge (each with draft.py's
+system turn) come back through SpecForge's own preprocessing as our shards' token ids and loss masks, and
+its check of SpecForge's files against our shards sees a changed id or mask bit."""
 
 import json
 import random
@@ -35,7 +35,8 @@ def work(tmp_path_factory):
     with open(work / "data" / "train.jsonl", "w") as f:
         for _ in range(6):
             user, reply = draft.window(files, rng)
-            msgs = [{"role": "user", "content": user.decode()}, {"role": "assistant", "content": reply.decode()}]
+            msgs = [draft.system_message(), {"role": "user", "content": user.decode()}]
+            msgs.append({"role": "assistant", "content": reply.decode()})
             f.write(json.dumps({"messages": msgs}) + "\n")
     data = work / "data" / "train.jsonl"
     run(compose([
@@ -46,8 +47,8 @@ def work(tmp_path_factory):
 
 
 def specforge_files(work, ids_list, masks):
-    """SpecForge's layout of what its preprocessing made of the text records (states left out: not checked
-    here), numbered in reverse, as its batches number files in their own order."""
+    """SpecForge's layout of what its preprocessing made of the conversations (states left out: not
+    checked here), numbered in reverse, as its batches number files in their own order."""
     out = work / "sf-peer"
     n = len(ids_list)
     for i, (ids, mask) in enumerate(zip(ids_list, masks)):
@@ -55,17 +56,17 @@ def specforge_files(work, ids_list, masks):
         torch.save({"input_ids": ids, "loss_mask": mask}, out / specforge_file(n - 1 - i))
 
 
-def test_specforge_reads_the_text_records_as_our_shards_ids_and_masks_and_a_change_is_seen(work):
+def test_specforge_reads_the_conversations_as_our_shards_ids_and_masks_and_a_change_is_seen(work):
     from specforge.data.preprocessing import preprocess_conversations
     from specforge.data.template import TEMPLATE_REGISTRY
 
-    data, ours_ids = draft_peer.write_text_data(work)
-    texts = [json.loads(x)["text"] for x in data.read_text().splitlines()]
+    data, ours_ids = draft_peer.write_specforge_data(work)
+    convs = [json.loads(x)["conversations"] for x in data.read_text().splitlines()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sf = preprocess_conversations(
-            make_tokenizer("llama3"), texts, TEMPLATE_REGISTRY.get("llama3"), max_length=2048,
-            is_preformatted=True, tools=[[]] * len(texts),  # its default, [[]], would zip to one record
+            make_tokenizer("llama3"), convs, TEMPLATE_REGISTRY.get("llama3"), max_length=2048,
+            tools=[[]] * len(convs),  # its default, [[]], would zip to one record
         )  # fmt: skip
     ids_list, masks = [x.view(-1) for x in sf["input_ids"]], [x.view(-1) for x in sf["loss_mask"]]
     assert [x.tolist() for x in ids_list] == ours_ids
