@@ -6,9 +6,10 @@ measured end to end on one GPU, with controls that show the measure sees bad dat
 Steps (each a subcommand; `all` runs them in order and skips what the work folder already holds, so a
 later call resumes where an earlier one stopped):
   target   a Llama-shaped byte-level target (8 layers, hidden 512) trained for a few minutes on the
-           host's Python sources in chat form (a code window as the user turn, what follows as the
-           reply); held-out loss on files it never saw; then its final norm weight made uneven without
-           changing its function (spread_final_norm); bf16 safetensors that SGLang and HF both load.
+           host's Python sources in chat form (a short system turn, a code window as the user turn,
+           what follows as the reply); held-out loss on files it never saw; then its final norm
+           weight made uneven without changing its function (spread_final_norm); bf16 safetensors
+           that SGLang and HF both load.
            Under `all`, the data server starts on the untrained weights meanwhile (a fresh machine
            compiles SGLang's kernels while the target trains)
   data     the target served by SGLang (the trained weights loaded into that server through
