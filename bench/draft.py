@@ -150,6 +150,10 @@ class Chat:
     def conversation(self, user: bytes, reply: bytes) -> list[int]:
         return [*self.prompt(user), *reply, self.eot]
 
+    def longest(self) -> int:
+        """Tokens in the longest conversation window() makes."""
+        return len(self.conversation(b" " * USER_BYTES[1], b" " * REPLY_BYTES))
+
 
 def reply_text(output_ids: list[int]) -> str:
     return bytes(i for i in output_ids if i < 256).decode("utf-8", "ignore").strip()
@@ -174,9 +178,6 @@ def save_target(model, tok, out: Path) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-TARGET_LEN = 1 + 24 + 10 + len(SYSTEM) + USER_BYTES[1] + REPLY_BYTES  # the longest conversation, in tokens
-
-
 def target_model(chat: Chat, seed: int, config: dict = TARGET):
     import torch
     import transformers
@@ -197,10 +198,10 @@ def target_model(chat: Chat, seed: int, config: dict = TARGET):
 
 
 def target_batch(files: list[bytes], r: random.Random, n: int, chat: Chat, dev: str):
-    """n conversations from random windows, padded to TARGET_LEN; labels on every real token."""
+    """n conversations from random windows, padded to the longest; labels on every real token."""
     import torch
 
-    ids = torch.full((n, TARGET_LEN), chat.pad, dtype=torch.long)
+    ids = torch.full((n, chat.longest()), chat.pad, dtype=torch.long)
     for i in range(n):
         c = chat.conversation(*window(files, r))
         ids[i, : len(c)] = torch.tensor(c)
@@ -249,7 +250,7 @@ def train_target(work: Path, seconds: float, sigma: float, warm=None, seed: int 
             curve.append((step, round(elapsed, 1), round(loss.item(), 4)))
             log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
         step += 1
-    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "tokens_seen": step * 96 * TARGET_LEN}
+    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "tokens_seen": step * 96 * chat.longest()}
     evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
     info.update(held_out_and_spread(model, loss_of, evals, seed, sigma))
     info.update(curve=curve, config=TARGET)
@@ -308,6 +309,12 @@ def server(work: Path, name: str, model: Path, port: int, extra: list[str] = (),
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), *flags, *extra]
     return Server(argv, dict(os.environ), work / "logs" / f"{name}.log", f"http://127.0.0.1:{port}", 900)
+
+
+def eagle3_server(work: Path, name: str, draft_dir: Path, port: int):
+    """The target with a trained draft, served as the measure serves every draft (SPEC)."""
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft_dir), *SPEC]
+    return server(work, name, work / "target", port, spec)
 
 
 async def _generate(url: str, prompts: list[list[int]], concurrency: int, params: dict) -> tuple[list[dict], float]:
@@ -814,9 +821,12 @@ class Serving:
         thread: a server dies with the thread that started it (its parent-death signal)."""
         if name in self.servers or (name != "target" and name not in self.arms):
             return
-        draft = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(self.work / "serve" / name)]
-        extra = [] if name == "target" else [*draft, *SPEC]
-        s = self.servers[name] = server(self.work, f"serve-{name}", self.work / "target", self.PORTS[name], extra)
+        w, port = self.work, self.PORTS[name]
+        if name == "target":
+            s = server(w, "serve-target", w / "target", port)
+        else:
+            s = eagle3_server(w, f"serve-{name}", w / "serve" / name, port)
+        self.servers[name] = s
         s.start()
         self.started[name] = time.monotonic()
         control = name not in ("target", "real")
@@ -862,7 +872,7 @@ def stop_ids(work: Path) -> list[int]:
     return [json.loads((work / "target" / "config.json").read_text())["eos_token_id"]]
 
 
-def serve(work: Path, plan: dict, serving: Serving) -> dict:
+def serve(work: Path, serving: Serving) -> dict:
     """Each control draft's acceptance length (batch 16, every held-out prompt; measured as each server
     came up, see Serving), then, with the GPU to itself, decode speed at batch 16 and batch 1 for the
     real draft (its batch-16 run gives its acceptance length) and for the target alone."""
@@ -952,7 +962,7 @@ def main(argv=None) -> int:
             "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm),
             "extract": lambda: extract(a.work),
             "train": lambda: train_drafts(a.work, plan, serving),
-            "serve": lambda: serve(a.work, plan, serving),
+            "serve": lambda: serve(a.work, serving),
         }
         for name, step in steps.items():
             if a.step in ("all", name) and (name not in res or a.step == name):
@@ -965,11 +975,16 @@ def main(argv=None) -> int:
     res["call_seconds"] = round(time.monotonic() - t_start, 1)  # this invocation, start to servers stopped
     if "serve" in res:
         res["goals"] = goals(res, ran_now)
+    report(res, a.out)
+    return 0
+
+
+def report(res: dict, out: Path | None) -> None:
+    """The results, printed and (given --out) written: the bench's JSON."""
     text = json.dumps(res, indent=1)
     print(text)
-    if a.out:
-        a.out.write_text(text)
-    return 0
+    if out:
+        out.write_text(text)
 
 
 if __name__ == "__main__":

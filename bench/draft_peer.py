@@ -8,8 +8,9 @@ Steps:
   extract  SpecForge 0.2.0's scripts/prepare_hidden_states.py as its docs run it (torchrun, one process,
            batch 32, its in-process SGLang 0.5.14 staged by tests/gpu/stage-peer.sh) on draft.py's training
            conversations (as its `conversations`; each has draft.py's system turn, so its llama3 template
-           adds no system prompt of its own), at the draft config's layers. Its token ids and loss masks
-           are checked against our shards' on the first --check files
+           adds no system prompt of its own), at the draft config's layers. Its files are checked
+           against our shards on the first --check conversations (bench/peers.py's same-data check:
+           token ids, loss masks, and each state's distance)
   train    SpecForge trains a draft from its files (its own reader), and another from our shards with
            seed 1 (two trainings on the same data: the noise), both at once, on draft.py's schedule
   serve    draft.py's real draft (our shards, seed 0), the seed-1 draft and the SpecForge-set draft, each in
@@ -33,24 +34,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import draft  # noqa: E402
+import peers  # noqa: E402
 
 PEER_ARMS = ("specforge_set", "real_seed1")
 
 
-def write_specforge_data(work: Path) -> tuple[Path, list[list[int]]]:
-    """draft.py's training conversations as SpecForge reads them ({"conversations": [system, user,
-    assistant]}), and the token ids of each (draft.Chat: the recipe's rendering, the same template)."""
-    from transformers import AutoTokenizer
-
-    chat = draft.Chat(AutoTokenizer.from_pretrained(work / "target"))
-    out, ids = work / "data" / "train-specforge.jsonl", []
+def write_specforge_data(work: Path) -> Path:
+    """draft.py's training conversations as SpecForge reads them: {"conversations": [system, user,
+    assistant]}."""
+    out = work / "data" / "train-specforge.jsonl"
     with open(work / "data" / "train.jsonl") as f, open(out, "w") as fo:
         for line in f:
-            msgs = json.loads(line)["messages"]
-            content = {m["role"]: m["content"].encode() for m in msgs}
-            ids.append(chat.conversation(content["user"], content["assistant"]))
-            fo.write(json.dumps({"conversations": msgs}) + "\n")
-    return out, ids
+            fo.write(json.dumps({"conversations": json.loads(line)["messages"]}) + "\n")
+    return out
 
 
 def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> dict:
@@ -71,31 +67,6 @@ def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> di
     files = sorted(out.rglob("data_*.ckpt"))
     size = sum(p.stat().st_size for p in files)
     return {"command": " ".join(cmd), "seconds": round(time.monotonic() - t0, 1), "files": len(files), "bytes": size}
-
-
-def check_same_data(work: Path, ours_ids: list[list[int]], n: int) -> dict:
-    """SpecForge's first n files (sorted) against our shards: each found by its first 256 token ids among
-    the conversations, then its ids and loss mask against our stored sample's (its padding cut off)."""
-    import torch
-
-    from recipe.data import sample_id, to_messages
-    from recipe.shards import ShardReader
-
-    lines = (work / "data" / "train.jsonl").read_text().splitlines()
-    by_prefix = {tuple(x[:256]): i for i, x in enumerate(ours_ids)}
-    reader, out = ShardReader(work / "shards" / "real"), {"checked": 0, "ids_equal": 0, "loss_mask_equal": 0}
-    for f in sorted((work / "sf-peer").rglob("data_*.ckpt"))[:n]:
-        theirs = torch.load(f, map_location="cpu", weights_only=True)
-        tid, tmask = theirs["input_ids"].view(-1), theirs["loss_mask"].view(-1)
-        i = by_prefix.get(tuple(tid[:256].tolist()))
-        if i is None:
-            continue
-        x = reader.get(sample_id(to_messages(json.loads(lines[i]))))
-        T = len(x["input_ids"])
-        out["checked"] += 1
-        out["ids_equal"] += bool(len(tid) >= T and (tid[:T] == x["input_ids"].long()).all())
-        out["loss_mask_equal"] += bool((tmask[:T] == x["loss_mask"].long()).all())
-    return out
 
 
 def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int) -> dict:
@@ -123,8 +94,7 @@ def acceptance(work: Path, names: tuple[str, ...]) -> dict:
     prompts, stop = draft.eval_prompts(work), draft.stop_ids(work)
     servers = {}
     for i, name in enumerate(names):
-        spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(work / "serve" / name)]
-        servers[name] = draft.server(work, f"peer-serve-{name}", work / "target", 32100 + i, [*spec, *draft.SPEC])
+        servers[name] = draft.eagle3_server(work, f"peer-serve-{name}", work / "serve" / name, 32100 + i)
     try:
         for s in servers.values():
             s.start()
@@ -154,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--peer-site", default="/tmp/peer", help="SGLang 0.5.14 and its pins (tests/gpu/stage-peer.sh)")
     ap.add_argument("--specforge-script", default=".gpu-wheels/p2/prepare_hidden_states.py")
-    ap.add_argument("--check", type=int, default=64, help="SpecForge files whose ids and loss mask are checked")
+    ap.add_argument("--check", type=int, default=64, help="conversations whose SpecForge files are checked")
     a = ap.parse_args(argv)
     res = json.loads((a.work / "results.json").read_text())  # draft.py's: its plan and its layer ids
     if not (a.work / "serve" / "real" / "config.json").exists():
@@ -162,19 +132,17 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     for d in ("sf-export", "shards/off_by_one"):  # the disk holds our shards and SpecForge's files, not more
         shutil.rmtree(a.work / d, ignore_errors=True)
-    data, ours_ids = write_specforge_data(a.work)
+    data = write_specforge_data(a.work)
     out = {"extract": specforge_extract(a.work, data, str(Path(a.specforge_script).resolve()), a.peer_site)}
     draft.log(f"peer: SpecForge wrote {out['extract']['files']} files in {out['extract']['seconds']} s")
-    out["same_data"] = check_same_data(a.work, ours_ids, a.check)
+    out["same_data"] = peers.compare(a.work / "shards" / "real", a.work / "sf-peer", a.work / "data" / "train.jsonl",
+                                     limit=a.check)  # fmt: skip
     plan, layer_ids = res["train"]["plan"], res["train"]["layer_ids_specforge"]
     out["train"] = train_peers(a.work, plan, layer_ids, out["extract"]["files"])
     out["acceptance"] = acceptance(a.work, ("real", *PEER_ARMS))
     out["verdict"] = verdict(out["acceptance"])
     out["call_seconds"] = round(time.monotonic() - t0, 1)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text)
+    draft.report(out, a.out)
     return 0
 
 

@@ -257,10 +257,10 @@ def bf16_band(model_dir: Path, recipe_out: Path, data: Path, n: int, device: str
     return [round(2 * float(e), 6) for e in worst]
 
 
-def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 256, band=None) -> dict:
-    """Every sample of the data file: ours by its id, SpecForge's file found by its first key_len token ids
-    (its files are numbered by batch position; that order is checked, not assumed). `band`: bf16_band's,
-    per slot; a sample is within it when every slot is."""
+def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 256, band=None, limit=None) -> dict:
+    """Every sample of the data file (its first `limit` lines, if given): ours by its id, SpecForge's file
+    found by its first key_len token ids (its files are numbered by batch position; that order is
+    checked, not assumed). `band`: bf16_band's, per slot; a sample is within it when every slot is."""
     import torch
 
     from recipe.data import sample_id, to_messages
@@ -274,7 +274,7 @@ def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 25
     reader = ShardReader(recipe_out)
     n_aux = len(reader.manifest["capture"]["layers"])
     per, missing, moved = [], [], 0
-    for i, line in enumerate(open(data)):
+    for i, line in enumerate(open(data).read().splitlines()[:limit]):
         ours = specforge_raw(reader.get(sample_id(to_messages(json.loads(line)))), n_aux)
         f = by_prefix.get(tuple(ours["input_ids"][:key_len].tolist()))
         if f is None:

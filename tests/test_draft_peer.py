@@ -16,6 +16,7 @@ if not (ROOT / "bench" / "draft_peer.py").exists():  # inside the image (compose
 sys.path.insert(0, str(ROOT / "bench"))
 import draft  # noqa: E402
 import draft_peer  # noqa: E402
+import peers  # noqa: E402
 
 from recipe.main import run  # noqa: E402
 from recipe.shards.export import specforge_file  # noqa: E402
@@ -47,20 +48,34 @@ def work(tmp_path_factory):
 
 
 def specforge_files(work, ids_list, masks):
-    """SpecForge's layout of what its preprocessing made of the conversations (states left out: not
-    checked here), numbered in reverse, as its batches number files in their own order."""
-    out = work / "sf-peer"
+    """SpecForge's layout of what its preprocessing made of the conversations, with our shards' states
+    (line i's), numbered in reverse, as its batches number files in their own order."""
+    from recipe.data import sample_id, to_messages
+    from recipe.shards import ShardReader
+    from recipe.shards.export import specforge_raw
+
+    reader, out = ShardReader(work / "shards" / "real"), work / "sf-peer"
+    lines = (work / "data" / "train.jsonl").read_text().splitlines()
     n = len(ids_list)
     for i, (ids, mask) in enumerate(zip(ids_list, masks)):
+        states = specforge_raw(reader.get(sample_id(to_messages(json.loads(lines[i])))), 3)
         (out / specforge_file(n - 1 - i)).parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"input_ids": ids, "loss_mask": mask}, out / specforge_file(n - 1 - i))
+        torch.save(states | {"input_ids": ids, "loss_mask": mask}, out / specforge_file(n - 1 - i))
+
+
+def same_data(work):
+    """draft_peer's check: bench/peers.py's, over the conversations."""
+    return peers.compare(work / "shards" / "real", work / "sf-peer", work / "data" / "train.jsonl", limit=64)
 
 
 def test_specforge_reads_the_conversations_as_our_shards_ids_and_masks_and_a_change_is_seen(work):
     from specforge.data.preprocessing import preprocess_conversations
     from specforge.data.template import TEMPLATE_REGISTRY
 
-    data, ours_ids = draft_peer.write_specforge_data(work)
+    from recipe.data import sample_id, to_messages
+    from recipe.shards import ShardReader
+
+    data = draft_peer.write_specforge_data(work)
     convs = [json.loads(x)["conversations"] for x in data.read_text().splitlines()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -69,16 +84,20 @@ def test_specforge_reads_the_conversations_as_our_shards_ids_and_masks_and_a_cha
             tools=[[]] * len(convs),  # its default, [[]], would zip to one record
         )  # fmt: skip
     ids_list, masks = [x.view(-1) for x in sf["input_ids"]], [x.view(-1) for x in sf["loss_mask"]]
+    reader = ShardReader(work / "shards" / "real")
+    ours_ids = [reader.get(sample_id(to_messages({"messages": c})))["input_ids"].tolist() for c in convs]
     assert [x.tolist() for x in ids_list] == ours_ids
     specforge_files(work, ids_list, masks)
-    assert draft_peer.check_same_data(work, ours_ids, 64) == {"checked": 6, "ids_equal": 6, "loss_mask_equal": 6}
+    same = same_data(work)
+    assert (same["samples"], same["ids_equal"], same["loss_mask_equal"]) == (6, 6, 6)
 
     masks[1] = masks[1].clone()
     masks[1][-3] = 1 - masks[1][-3]
     ids_list[2] = ids_list[2].clone()
     ids_list[2][-2] += 1  # past the first 256 ids that find the sample
     specforge_files(work, ids_list, masks)
-    assert draft_peer.check_same_data(work, ours_ids, 64) == {"checked": 6, "ids_equal": 5, "loss_mask_equal": 5}
+    seen = same_data(work)
+    assert (seen["samples"], seen["ids_equal"], seen["loss_mask_equal"]) == (6, 5, 5)
 
 
 def test_the_verdict_measures_specforge_against_our_two_seeds():
