@@ -751,11 +751,15 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     # six trainers, the export's workers and servers share 16 cores: torch's default of a thread per
     # core in each would oversubscribe them (GPU math is unaffected by CPU threads)
     env = dict(os.environ, DRAFT_TARGET=str(work / "target"), OMP_NUM_THREADS="2")
-    argv = [sys.executable, __file__, "_sftrain", arm, str(cfg)]
-    if arm in served_arms(plan) if serve is None else serve:
-        argv += sglang_export_args(work, arm, draft)
+    serve = arm in served_arms(plan) if serve is None else serve
+    argv = [sys.executable, __file__, *sftrain_argv(work, arm, cfg, draft, serve)]
     log(f"train {arm}: SpecForge on {features[arm]}")
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
+
+
+def sftrain_argv(work: Path, arm: str, cfg: Path, draft: Path, export: bool) -> list[str]:
+    """This script's arguments for one arm's training process (`main` hands them to `sf_train`)."""
+    return ["_sftrain", arm, str(cfg), *(sglang_export_args(work, arm, draft) if export else ())]
 
 
 def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path, served: tuple) -> str:
@@ -913,8 +917,7 @@ def goals(res: dict, ran_now: set[str]) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("step", choices=["all", "target", "data", "extract", "train", "serve", "_sftrain"])
-    ap.add_argument("rest", nargs="*")
+    ap.add_argument("step", choices=["all", "target", "data", "extract", "train", "serve"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/draft"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=100)
@@ -944,9 +947,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     t_start = time.monotonic()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["_sftrain"]:  # before argparse: the export's own options (--to, ...) ride along
+        return sf_train(*argv[1:])
     a = parse_args(argv)
-    if a.step == "_sftrain":
-        return sf_train(*a.rest)
     a.work.mkdir(parents=True, exist_ok=True)
     res_path = a.work / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}

@@ -58,6 +58,12 @@ MUTATIONS = {
         "",
         ["tests/test_export.py::test_an_export_worker_runs_one_torch_thread"],
     ),
+    "draft_training_argv_through_argparse": (
+        "bench/draft.py",
+        'if argv[:1] == ["_sftrain"]:',
+        'if argv[:1] == ["_sftrain"] and "--to" not in argv:',
+        ["tests/test_draft_bench.py"],
+    ),
     "bf16_band_passes_a_sample_with_one_slot_inside": (
         "bench/peers.py",
         'sum(all(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
