@@ -614,10 +614,11 @@ def sf_train(arm: str, config: str, *export: str) -> int:
     from recipe.shards.export import specforge_raw
     from recipe.shards.trainers import specforge_reads_shards
 
-    if arm in OWN_READER:
+    kind = arm.split("_seed")[0]  # a second seed of an arm (bench/draft_peer.py) reads as the arm does
+    if kind in OWN_READER:
         code = main(["train", "-c", config])  # its own reader over .ckpt files (our export's or its own)
     else:
-        with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(arm, specforge_raw)):
+        with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(kind, specforge_raw)):
             code = main(["train", "-c", config])
     if code == 0 and export:
         try:

@@ -11,12 +11,13 @@ Steps:
            adds no system prompt of its own), at the draft config's layers. Its files are checked
            against our shards on the first --check conversations (bench/peers.py's same-data check:
            token ids, loss masks, and each state's distance)
-  train    SpecForge trains a draft from its files (its own reader), and another from our shards with
-           seed 1 (two trainings on the same data: the noise), both at once, on draft.py's schedule
-  serve    draft.py's real draft (our shards, seed 0), the seed-1 draft and the SpecForge-set draft, each in
-           an SGLang EAGLE3 server: acceptance length at batch 16 on the held-out prompts
-Verdict: the SpecForge-set draft is within noise when its acceptance is within |seed 0 - seed 1| of the
-mean of our two.
+  train    SpecForge trains drafts from its files (its own reader) with seeds 0..K-1 and from our shards
+           with seeds 1..K-1 (--seeds K; seed 0 is draft.py's real draft), all at once, on draft.py's
+           schedule. A seed sets the draft's initialisation and the order the sampler draws samples in
+  serve    every draft in an SGLang EAGLE3 server: acceptance length at batch 16 on the held-out prompts
+Verdict: the two sets train drafts that accept alike (within noise) when the difference of their mean
+acceptance lengths is within twice its standard error, from the spread of the seeds about their set's
+mean (pooled: with K seeds a side, 2K - 2 degrees of freedom).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +39,12 @@ sys.path.insert(0, str(HERE))
 import draft  # noqa: E402
 import peers  # noqa: E402
 
-PEER_ARMS = ("specforge_set", "real_seed1")
+SETS = {"ours": "real", "specforge": "specforge_set"}  # each set's arm at seed 0; seed s > 0: ARM_seed{s}
+
+
+def seed_arms(seeds: int) -> dict[str, list[str]]:
+    """Each set's arms, seed 0 first; ours at seed 0 is draft.py's real draft, trained already."""
+    return {k: [arm] + [f"{arm}_seed{s}" for s in range(1, seeds)] for k, arm in SETS.items()}
 
 
 def write_specforge_data(work: Path) -> Path:
@@ -69,20 +77,28 @@ def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> di
     return {"command": " ".join(cmd), "seconds": round(time.monotonic() - t0, 1), "files": len(files), "bytes": size}
 
 
-def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int) -> dict:
-    """Both arms at once, each exported for SGLang as it finishes (draft.launch_arm / finish_arm)."""
-    draft_cfg = work / "drafts" / "draft.json"
-    features = {"specforge_set": work / "sf-peer", "real_seed1": work / "shards" / "real"}
-    plans = {"specforge_set": dict(plan, samples=sf_files), "real_seed1": dict(plan, seed=1)}
+def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int, seeds: int) -> dict:
+    """Every arm but draft.py's real one, at once, each exported for SGLang as it finishes
+    (draft.launch_arm / finish_arm)."""
+    draft_cfg, sets = work / "drafts" / "draft.json", seed_arms(seeds)
+    arms_plans = {}
+    for s, arm in enumerate(sets["specforge"]):
+        arms_plans[arm] = (work / "sf-peer", dict(plan, samples=sf_files, seed=s))
+    for s, arm in enumerate(sets["ours"][1:], start=1):
+        arms_plans[arm] = (work / "shards" / "real", dict(plan, seed=s))
+    features = {arm: f for arm, (f, _) in arms_plans.items()}
     procs = {
-        arm: draft.launch_arm(work, arm, features, draft_cfg, layer_ids, plans[arm], serve=True) for arm in PEER_ARMS
+        arm: draft.launch_arm(work, arm, features, draft_cfg, layer_ids, p, serve=True)
+        for arm, (_, p) in arms_plans.items()
     }
     with cf.ThreadPoolExecutor(len(procs)) as pool:
-        done = [pool.submit(draft.finish_arm, work, arm, p, t, draft_cfg, PEER_ARMS) for arm, (p, t) in procs.items()]
+        done = [
+            pool.submit(draft.finish_arm, work, arm, p, t, draft_cfg, tuple(procs)) for arm, (p, t) in procs.items()
+        ]
         for f in done:
             f.result()
     arms = {}
-    for arm in PEER_ARMS:
+    for arm in procs:
         curve = json.loads((work / "drafts" / f"{arm}-curve.json").read_text())
         arms[arm] = {"log_points": len(curve), "last": curve[-1] if curve else None}
     return arms
@@ -111,11 +127,18 @@ def acceptance(work: Path, names: tuple[str, ...]) -> dict:
             s.stop(grace_s=5)
 
 
-def verdict(acc: dict) -> dict:
-    a, b, c = (acc[n]["accept_length"] for n in ("real", "real_seed1", "specforge_set"))
-    noise, ours = abs(a - b), (a + b) / 2
-    return {"ours_seed0": a, "ours_seed1": b, "specforge_set": c, "noise": round(noise, 3),
-            "specforge_set_minus_ours": round(c - ours, 3), "within_noise": abs(c - ours) <= noise}  # fmt: skip
+def verdict(acc: dict, seeds: int) -> dict:
+    """SpecForge's set against ours: the difference of the mean acceptance lengths, and its standard
+    error from the seeds' spread about their set's mean (pooled over both sets)."""
+    sets = {k: [acc[arm]["accept_length"] for arm in arms] for k, arms in seed_arms(seeds).items()}
+    means = {k: statistics.fmean(v) for k, v in sets.items()}
+    dof = sum(len(v) for v in sets.values()) - len(sets)
+    pooled = sum((x - means[k]) ** 2 for k, v in sets.items() for x in v) / dof
+    se = math.sqrt(pooled * sum(1 / len(v) for v in sets.values()))
+    diff = means["specforge"] - means["ours"]
+    return {"accept_length": sets, "mean": {k: round(m, 3) for k, m in means.items()},
+            "specforge_minus_ours": round(diff, 3), "standard_error": round(se, 3), "degrees_of_freedom": dof,
+            "within_noise": abs(diff) <= 2 * se}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -125,7 +148,10 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-site", default="/tmp/peer", help="SGLang 0.5.14 and its pins (tests/gpu/stage-peer.sh)")
     ap.add_argument("--specforge-script", default=".gpu-wheels/p2/prepare_hidden_states.py")
     ap.add_argument("--check", type=int, default=64, help="conversations whose SpecForge files are checked")
+    ap.add_argument("--seeds", type=int, default=3, help="drafts per set (ours at seed 0 is draft.py's)")
     a = ap.parse_args(argv)
+    if a.seeds < 2:
+        ap.error("--seeds: at least 2 drafts per set, or there is no spread to measure the noise by")
     res = json.loads((a.work / "results.json").read_text())  # draft.py's: its plan and its layer ids
     if not (a.work / "serve" / "real" / "config.json").exists():
         raise SystemExit(f"no served real draft in {a.work}: run bench/draft.py all there first")
@@ -138,9 +164,9 @@ def main(argv=None) -> int:
     out["same_data"] = peers.compare(a.work / "shards" / "real", a.work / "sf-peer", a.work / "data" / "train.jsonl",
                                      limit=a.check)  # fmt: skip
     plan, layer_ids = res["train"]["plan"], res["train"]["layer_ids_specforge"]
-    out["train"] = train_peers(a.work, plan, layer_ids, out["extract"]["files"])
-    out["acceptance"] = acceptance(a.work, ("real", *PEER_ARMS))
-    out["verdict"] = verdict(out["acceptance"])
+    out["train"] = train_peers(a.work, plan, layer_ids, out["extract"]["files"], a.seeds)
+    out["acceptance"] = acceptance(a.work, tuple(arm for arms in seed_arms(a.seeds).values() for arm in arms))
+    out["verdict"] = verdict(out["acceptance"], a.seeds)
     out["call_seconds"] = round(time.monotonic() - t0, 1)
     draft.report(out, a.out)
     return 0

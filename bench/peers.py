@@ -45,6 +45,7 @@ import prefill  # noqa: E402
 import product  # noqa: E402
 
 PEER_LAYERS = [1, 15, 28]  # SpecForge's EAGLE-3 default for 32 layers (outputs of layers 1, N/2-1, N-4)
+OUR_LAYERS = [k + 1 for k in PEER_LAYERS]  # the same residual streams, entering layers 2, 16, 29
 SYSTEM = "You are a careful Python programmer."
 BF16_REL = 2.0**-8
 
@@ -235,16 +236,20 @@ def bf16_band(model_dir: Path, recipe_out: Path, data: Path, n: int, device: str
     """bf16's own band, as the GPU proof bounds fidelity (tests/gpu): per slot, 2 x the worst rel-L2
     between HF in bf16 and HF in float32 over the data's first n samples, at our capture layers and the
     final state. Two bf16 computations of one function, each within e of it, are within 2e of each other."""
-    import torch
-
-    from recipe.backends.hf import HFBackend
     from recipe.data import sample_id, to_messages
     from recipe.shards import ShardReader
 
     reader = ShardReader(recipe_out)
-    layers = reader.manifest["capture"]["layers"]
     lines = open(data).read().splitlines()[:n]
     ids = [reader.get(sample_id(to_messages(json.loads(x))))["input_ids"].numpy() for x in lines]
+    return hf_band(model_dir, reader.manifest["capture"]["layers"], ids, device)
+
+
+def hf_band(model_dir: Path, layers: list[int], ids: list, device: str = "cuda") -> list[float]:
+    import torch
+
+    from recipe.backends.hf import HFBackend
+
     states = {}
     for dtype in ("bfloat16", "float32"):  # one model on the GPU at a time
         with HFBackend(model_dir, layers, True, device=device, dtype=dtype, batch_size=1) as hf:
@@ -255,6 +260,25 @@ def bf16_band(model_dir: Path, recipe_out: Path, data: Path, n: int, device: str
     for a, b in zip(states["bfloat16"], states["float32"]):
         worst = torch.maximum(worst, (a - b).norm(dim=(0, 2)) / b.norm(dim=(0, 2)).clamp_min(1e-30))
     return [round(2 * float(e), 6) for e in worst]
+
+
+def band_against(model_dir: Path, data: Path, n: int, layers: list[int], earlier: dict, device: str = "cuda") -> dict:
+    """bf16's band for an earlier run whose files are gone, rebuilt from the same weights and data (both
+    made from fixed seeds): the data is the same when its token count is that run's; every sample lay
+    within the band when that run's worst distance in each slot does."""
+    from transformers import AutoTokenizer
+
+    from recipe.data import to_messages, tokenize
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tokenize(tok, to_messages(json.loads(x)))[0] for x in open(data).read().splitlines()]
+    band = hf_band(model_dir, layers, ids[:n], device)
+    worst = earlier["same_data"]["rel_l2_worst_per_slot"]
+    tokens = sum(len(x) for x in ids)
+    return {"layers": layers, "band_samples": n, "bf16_band_per_slot": band, "rel_l2_worst_per_slot": worst,
+            "tokens": tokens, "tokens_in_that_run": earlier["arms"]["recipe"]["tokens"],
+            "same_data": tokens == earlier["arms"]["recipe"]["tokens"], "samples": earlier["same_data"]["samples"],
+            "every_sample_within_band": all(w <= b for w, b in zip(worst, band))}  # fmt: skip
 
 
 def compare(recipe_out: Path, specforge_out: Path, data: Path, key_len: int = 256, band=None, limit=None) -> dict:
@@ -337,6 +361,7 @@ def main():
     ap.add_argument("--reuse-recipe", help="an earlier peers JSON whose recipe arm's shards are still on this machine")
     # HF in bf16 and in float32 on the first N samples: the band the states are held to (bf16_band)
     ap.add_argument("--band-samples", type=int, default=32)
+    ap.add_argument("--band-against", help="an earlier peers JSON: only bf16's band, rebuilt for its figures")
     args = ap.parse_args()
     args.fake, args.specforge_script = False, str(Path(args.specforge_script).resolve())
     work = Path(args.work)
@@ -352,6 +377,11 @@ def main():
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=2))
 
+    if args.band_against:  # the earlier run's files are gone: its band only, from the same weights and data
+        res["band_against"] = band_against(model_dir, ours, args.band_samples, OUR_LAYERS,
+                                           json.loads(Path(args.band_against).read_text()))  # fmt: skip
+        res["total_s"] = round(time.monotonic() - t0)
+        return save()
     # ours first, on the fresh machine: whatever a warm kernel cache gives goes to SpecForge's arm
     earlier = json.loads(Path(args.reuse_recipe).read_text())["arms"]["recipe"] if args.reuse_recipe else None
     if earlier and (Path(earlier["out"]) / "manifest.json").exists():

@@ -70,6 +70,22 @@ MUTATIONS = {
         'sum(any(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
         ["tests/test_peers.py::test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it"],
     ),
+    "peer_verdict_passes_a_set_far_below": (
+        "bench/draft_peer.py",
+        '"within_noise": abs(diff) <= 2 * se}',
+        '"within_noise": diff <= 2 * se}',
+        [
+            "tests/test_draft_peer.py::test_the_verdict_weighs_the_difference_of_the_sets_against_the_spread_of_their_seeds"
+        ],
+    ),
+    "band_against_passes_one_slot_past": (
+        "bench/peers.py",
+        '"every_sample_within_band": all(w <= b for w, b in zip(worst, band))}',
+        '"every_sample_within_band": any(w <= b for w, b in zip(worst, band))}',
+        [
+            "tests/test_peers.py::test_a_band_rebuilt_for_an_earlier_run_tokenizes_as_the_recipe_and_holds_its_worst_slot"
+        ],
+    ),
     "same_data_passes_a_mask_one_bit_off": (
         "bench/peers.py",
         '"loss_mask_equal": sum(p["loss_mask_diff_count"] == 0 for p in per),',

@@ -100,8 +100,13 @@ def test_specforge_reads_the_conversations_as_our_shards_ids_and_masks_and_a_cha
     assert (seen["samples"], seen["ids_equal"], seen["loss_mask_equal"]) == (6, 5, 5)
 
 
-def test_the_verdict_measures_specforge_against_our_two_seeds():
-    acc = {"real": {"accept_length": 3.0}, "real_seed1": {"accept_length": 3.2}}
-    inside = draft_peer.verdict(acc | {"specforge_set": {"accept_length": 3.25}})
-    outside = draft_peer.verdict(acc | {"specforge_set": {"accept_length": 2.85}})
-    assert inside["within_noise"] and inside["noise"] == 0.2 and not outside["within_noise"]
+def test_the_verdict_weighs_the_difference_of_the_sets_against_the_spread_of_their_seeds():
+    def acc(ours, specforge):
+        arms = draft_peer.seed_arms(len(ours))
+        return {a: {"accept_length": x} for a, x in zip(arms["ours"] + arms["specforge"], ours + specforge)}
+
+    alike = draft_peer.verdict(acc([3.30, 3.35, 3.32], [3.27, 3.36, 3.31]), 3)
+    apart = draft_peer.verdict(acc([3.30, 3.31, 3.32], [3.25, 3.26, 3.27]), 3)
+    assert alike["within_noise"] and not apart["within_noise"]
+    assert apart["specforge_minus_ours"] == -0.05 and apart["standard_error"] == 0.008
+    assert apart["degrees_of_freedom"] == 4 and apart["accept_length"]["specforge"] == [3.25, 3.26, 3.27]

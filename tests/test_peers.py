@@ -92,3 +92,25 @@ def test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it(tmp_path)
     torch.save(y, theirs / specforge_file(1))
     seen = peers.compare(ours, theirs, data, band=band)
     assert (seen["samples"], seen["within_bf16_band"], seen["bf16_band_per_slot"]) == (4, 3, band)
+
+
+def test_a_band_rebuilt_for_an_earlier_run_tokenizes_as_the_recipe_and_holds_its_worst_slot(tmp_path):
+    """For a run whose files are gone: the band from the data's own tokenization equals the band from the
+    shards' ids, the data is recognised by its token count, and a slot whose worst distance passed the
+    band says so."""
+    from recipe.shards import ShardReader
+    from recipe.tiny import resolve_model_path
+
+    data, _ = peers.write_data(tmp_path, 4, 100, 300)
+    ours, _ = specforge_layout(tmp_path, data)
+    model = resolve_model_path("builtin:tiny-llama")
+    band = peers.bf16_band(model, ours, data, n=4, device="cpu")
+    tokens = sum(int(r["input_ids"].numel()) for r in ShardReader(ours))
+    earlier = {"arms": {"recipe": {"tokens": tokens}}, "same_data": {"samples": 4, "rel_l2_worst_per_slot": band}}
+    held = peers.band_against(model, data, 4, [1, 2, 3], earlier, device="cpu")
+    assert held["bf16_band_per_slot"] == band and held["same_data"] and held["every_sample_within_band"]
+
+    earlier["same_data"]["rel_l2_worst_per_slot"] = [band[0], band[1] * 1.5, band[2], band[3]]
+    earlier["arms"]["recipe"]["tokens"] = tokens + 1
+    moved = peers.band_against(model, data, 4, [1, 2, 3], earlier, device="cpu")
+    assert not moved["every_sample_within_band"] and not moved["same_data"]

@@ -35,7 +35,7 @@ case "${1:-install}" in
     (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json data/data.json) ;;
   draft-peer)
     timeout 585 python3 bench/draft_peer.py --work /tmp/draft --out "$OUT/draft-peer.json" "${@:2}" 2>&1 | tee "$OUT/draft-peer.log" | grep -v "HTTP Request" | tail -40
-    (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed1*.log) ;;
+    (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed*.log) ;;
   product)
     timeout 585 python3 bench/product.py --out "$OUT/product.json" "${@:2}" 2>&1 | tee "$OUT/product.log" | grep -v "HTTP Request" | tail -40
     cp /tmp/bench-product/recipe-*.log "$OUT/" 2>/dev/null
