@@ -677,6 +677,37 @@ def teacher_agreement(work: Path, n: int = 200) -> dict:
             "norm_weight_min_max_std_mean": weight_spread(w)}  # fmt: skip
 
 
+def slot_distances(hiddens, layers: list[int]) -> dict:
+    """How far apart the aux slots are, pair by pair: what a permuted draft is served in place of the
+    slot it learned. Per pair (shallow-deep): the rel-L2 of their difference against the deeper slot,
+    over every position, and the mean cosine between them at a position. `hiddens`: [T, slots, H]
+    arrays, the aux slots first."""
+    import torch
+
+    pairs = [(i, j) for i in range(len(layers)) for j in range(i + 1, len(layers))]
+    diff, norm, cos, positions = dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0.0), 0
+    for h in hiddens:
+        x = torch.as_tensor(h)[:, : len(layers)].float()
+        positions += x.shape[0]
+        for i, j in pairs:
+            diff[i, j] += float((x[:, i] - x[:, j]).square().sum())
+            norm[i, j] += float(x[:, j].square().sum())
+            cos[i, j] += float(torch.nn.functional.cosine_similarity(x[:, i], x[:, j], dim=-1).sum())
+    return {f"{layers[i]}-{layers[j]}": {"rel_l2": round(math.sqrt(diff[i, j] / norm[i, j]), 4),
+                                         "cosine": round(cos[i, j] / positions, 4)} for i, j in pairs}  # fmt: skip
+
+
+def control_sizes(work: Path, n: int = 200) -> dict:
+    """How large each control's error is in the data itself, before any training: the wrong-norm
+    teacher's changed tokens, and the distances between the slots a permuted draft confuses."""
+    from recipe.shards.reader import ShardReader
+
+    reader = ShardReader(work / "shards" / "real")
+    hiddens = (reader.get(sid)["hidden"] for sid in reader.ids[:n])
+    return {"wrong_norm_teacher": teacher_agreement(work, n),
+            "slot_distances": slot_distances(hiddens, reader.manifest["capture"]["layers"])}  # fmt: skip
+
+
 def served_arms(plan: dict) -> tuple[str, ...]:
     """The export arm is served only when it trains the whole run (export_steps 0); otherwise its
     curve is compared with the direct arm's over the steps it ran."""
@@ -721,7 +752,7 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
         raise SystemExit(f"export printed layer ids {printed} but the drafts were configured with {layer_ids}")
     if "real_export" in todo:
         procs["real_export"] = launch("real_export")
-    info["wrong_norm_teacher"] = teacher_agreement(work)
+    info.update(control_sizes(work))
     with cf.ThreadPoolExecutor(max(1, len(procs))) as pool:
         done = [pool.submit(finish_arm, work, arm, p, t, draft, serving.arms) for arm, (p, t) in procs.items()]
         for f in cf.as_completed(done):  # each draft's server started here, in the main thread (Serving.start)

@@ -23,3 +23,16 @@ def test_a_training_process_gets_its_config_and_the_sglang_export_options_whole(
     expected = ("real", str(cfg), *(draft.sglang_export_args(tmp_path, "real", draft_json) if export else ()))
     assert got == [expected]
     assert ("--to" in expected) == export
+
+
+def test_slot_distances_measure_each_pair_against_the_deeper_slot():
+    import torch
+
+    x, y = torch.randn(5, 8), torch.randn(5, 8)
+    y = y - (y * x).sum(-1, keepdim=True) / x.square().sum(-1, keepdim=True) * x  # orthogonal to x per position
+    h = torch.stack([x, 2 * x, y, torch.randn(5, 8)], 1)  # slots at layers 2, 4, 5, then the final state
+    d = draft.slot_distances([h, h], [2, 4, 5])
+    assert d["2-4"] == {"rel_l2": 0.5, "cosine": 1.0}
+    assert abs(d["2-5"]["cosine"]) < 1e-4 and abs(d["4-5"]["cosine"]) < 1e-4
+    expected = float(((2 * x - y).square().sum() / y.square().sum()).sqrt())
+    assert abs(d["4-5"]["rel_l2"] - expected) < 1e-3

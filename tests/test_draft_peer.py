@@ -110,3 +110,15 @@ def test_the_verdict_weighs_the_difference_of_the_sets_against_the_spread_of_the
     assert alike["within_noise"] and not apart["within_noise"]
     assert apart["specforge_minus_ours"] == -0.05 and apart["standard_error"] == 0.008
     assert apart["degrees_of_freedom"] == 4 and apart["accept_length"]["specforge"] == [3.25, 3.26, 3.27]
+
+
+def test_the_control_sizes_read_from_a_real_shard_set(work):
+    """draft.py's measure of each control's error in the data (run on the GPU beside training), on the
+    fixture's shards: the slots by their layers, every stored position counted."""
+    from recipe.shards import ShardReader
+
+    sizes = draft.control_sizes(work)
+    reader = ShardReader(work / "shards" / "real")
+    assert sizes["wrong_norm_teacher"]["positions"] == sum(len(reader.get(s)["input_ids"]) for s in reader.ids)
+    assert set(sizes["slot_distances"]) == {"2-4", "2-5", "4-5"}
+    assert all(0 < d["rel_l2"] and -1 <= d["cosine"] <= 1 for d in sizes["slot_distances"].values())
