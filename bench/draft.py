@@ -22,7 +22,9 @@ later call resumes where an earlier one stopped):
            every arm at once: reading the shards directly (recipe.shards.trainers.specforge_reads_shards),
            from `python -m recipe.shards export --to specforge` (the first --export-steps steps of the
            same schedule, compared step for step), and the controls; then `specforge export --to
-           sglang` for each served draft. Also: how often the wrong-norm control's teacher argmax differs
+           sglang` for each served draft. Also each control's size in the data (control_sizes): how
+           often the wrong-norm teacher's argmax differs, and how far apart the slots a permuted draft
+           confuses are
   serve    SGLang 0.5.16 with each draft (--speculative-algorithm EAGLE3, 3 steps, top-k 1, 4 draft
            tokens) on held-out prompts: acceptance length for every draft, decode tokens/s at batch 1
            and 16 for the real draft and for the target alone. Each server starts as soon as its

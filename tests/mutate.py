@@ -70,6 +70,12 @@ MUTATIONS = {
         'sum(any(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
         ["tests/test_peers.py::test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it"],
     ),
+    "peer_seed_repeats_the_real_draft": (
+        "bench/draft_peer.py",
+        'for s, arm in enumerate(sets["ours"][1:], start=1):',
+        'for s, arm in enumerate(sets["ours"][1:], start=0):',
+        ["tests/test_draft_peer.py::test_each_set_trains_its_seeds_from_its_own_files"],
+    ),
     "peer_verdict_passes_a_set_far_below": (
         "bench/draft_peer.py",
         '"within_noise": abs(diff) <= 2 * se}',

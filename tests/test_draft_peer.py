@@ -122,3 +122,29 @@ def test_the_control_sizes_read_from_a_real_shard_set(work):
     assert sizes["wrong_norm_teacher"]["positions"] == sum(len(reader.get(s)["input_ids"]) for s in reader.ids)
     assert set(sizes["slot_distances"]) == {"2-4", "2-5", "4-5"}
     assert all(0 < d["rel_l2"] and -1 <= d["cosine"] <= 1 for d in sizes["slot_distances"].values())
+
+
+def test_each_set_trains_its_seeds_from_its_own_files(tmp_path, monkeypatch):
+    """SpecForge's files at seeds 0..K-1 (its file count as the schedule's samples), our shards at seeds
+    1..K-1 (seed 0 is draft.py's real draft): a seed or a set crossed over would void the verdict."""
+    launched = {}
+
+    def launch(work, arm, features, draft_cfg, layer_ids, plan, serve):
+        launched[arm] = (features[arm], plan, serve)
+        return object(), 0.0
+
+    def finish(work, arm, p, t0, draft_cfg, served):
+        (work / "drafts" / f"{arm}-curve.json").write_text(json.dumps([{"step": 10, "acc": 0.5}]))
+        return arm
+
+    monkeypatch.setattr(draft, "launch_arm", launch)
+    monkeypatch.setattr(draft, "finish_arm", finish)
+    (tmp_path / "drafts").mkdir()
+    plan = {"epochs": 4, "batch_size": 64, "samples": 6000}
+    arms = draft_peer.train_peers(tmp_path, plan, [1, 3, 4], 5984, seeds=3)
+    assert set(arms) == set(launched) == {"specforge_set", "specforge_set_seed1", "specforge_set_seed2",
+                                          "real_seed1", "real_seed2"}  # fmt: skip
+    for s, arm in enumerate(["specforge_set", "specforge_set_seed1", "specforge_set_seed2"]):
+        assert launched[arm] == (tmp_path / "sf-peer", dict(plan, samples=5984, seed=s), True)
+    for s in (1, 2):
+        assert launched[f"real_seed{s}"] == (tmp_path / "shards" / "real", dict(plan, seed=s), True)
