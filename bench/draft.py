@@ -457,6 +457,7 @@ def system_message() -> dict:
     return {"role": "system", "content": SYSTEM.decode()}
 
 
+@functools.cache  # the serving threads and serve() share one list (read, never changed)
 def eval_prompts(work: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
@@ -655,22 +656,21 @@ def loss_curve(log_path: Path) -> list[dict]:
     return curve
 
 
-def teacher_agreement(work: Path, n: int = 200) -> dict:
+def teacher_agreement(work: Path, hiddens) -> dict:
     """What the wrong-norm control changes in SpecForge's teacher (lm_head over the last slot): how often
     its argmax, the token greedy decoding accepts, differs from the real teacher's on stored positions;
-    and how far the final norm weight is from uniform (a uniform weight changes no argmax)."""
+    and how far the final norm weight is from uniform (a uniform weight changes no argmax). `hiddens`:
+    [T, slots, H] arrays, the final state last."""
     from safetensors import safe_open
 
     from recipe.shards.export import final_norm_weight, pre_norm_equivalent
-    from recipe.shards.reader import ShardReader
 
     with safe_open(work / "target" / "model.safetensors", "pt") as f:
         head = f.get_tensor("lm_head.weight").float()
     w = final_norm_weight(work / "target").float()
-    reader = ShardReader(work / "shards" / "real")
     same = total = 0
-    for sid in reader.ids[:n]:
-        post = reader.get(sid)["hidden"][:, -1].float()
+    for h in hiddens:
+        post = h[:, -1].float()
         real = (post @ head.T).argmax(-1)
         wrong = (pre_norm_equivalent(post, w).float() @ head.T).argmax(-1)
         same += int((real == wrong).sum())
@@ -705,9 +705,12 @@ def control_sizes(work: Path, n: int = 200) -> dict:
     from recipe.shards.reader import ShardReader
 
     reader = ShardReader(work / "shards" / "real")
-    hiddens = (reader.get(sid)["hidden"] for sid in reader.ids[:n])
-    return {"wrong_norm_teacher": teacher_agreement(work, n),
-            "slot_distances": slot_distances(hiddens, reader.manifest["capture"]["layers"])}  # fmt: skip
+
+    def hiddens():  # one sample at a time: the reader reuses a sample's memory for the next
+        return (reader.get(sid)["hidden"] for sid in reader.ids[:n])
+
+    return {"wrong_norm_teacher": teacher_agreement(work, hiddens()),
+            "slot_distances": slot_distances(hiddens(), reader.manifest["capture"]["layers"])}  # fmt: skip
 
 
 def served_arms(plan: dict) -> tuple[str, ...]:

@@ -41,12 +41,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import draft  # noqa: E402  (its system turn: both benches' conversations open with it)
 import prefill  # noqa: E402
 import product  # noqa: E402
 
 PEER_LAYERS = [1, 15, 28]  # SpecForge's EAGLE-3 default for 32 layers (outputs of layers 1, N/2-1, N-4)
 OUR_LAYERS = [k + 1 for k in PEER_LAYERS]  # the same residual streams, entering layers 2, 16, 29
-SYSTEM = "You are a careful Python programmer."
+SYSTEM = draft.SYSTEM.decode()
 BF16_REL = 2.0**-8
 
 
