@@ -45,6 +45,8 @@ import draft  # noqa: E402  (its system turn: both benches' conversations open w
 import prefill  # noqa: E402
 import product  # noqa: E402
 
+from recipe.provenance import model_fingerprint  # noqa: E402
+
 PEER_LAYERS = [1, 15, 28]  # SpecForge's EAGLE-3 default for 32 layers (outputs of layers 1, N/2-1, N-4)
 OUR_LAYERS = [k + 1 for k in PEER_LAYERS]  # the same residual streams, entering layers 2, 16, 29
 SYSTEM = draft.SYSTEM.decode()
@@ -265,8 +267,9 @@ def hf_band(model_dir: Path, layers: list[int], ids: list, device: str = "cuda")
 
 def band_against(model_dir: Path, data: Path, n: int, layers: list[int], earlier: dict, device: str = "cuda") -> dict:
     """bf16's band for an earlier run whose files are gone, rebuilt from the same weights and data (both
-    made from fixed seeds): the data is the same when its token count is that run's; every sample lay
-    within the band when that run's worst distance in each slot does."""
+    made from fixed seeds): the data is the same when its token count is that run's, the weights when
+    their fingerprint is (None: that run kept none); every sample lay within the band when that run's
+    worst distance in each slot does."""
     from transformers import AutoTokenizer
 
     from recipe.data import to_messages, tokenize
@@ -279,6 +282,8 @@ def band_against(model_dir: Path, data: Path, n: int, layers: list[int], earlier
     return {"layers": layers, "band_samples": n, "bf16_band_per_slot": band, "rel_l2_worst_per_slot": worst,
             "tokens": tokens, "tokens_in_that_run": earlier["arms"]["recipe"]["tokens"],
             "same_data": tokens == earlier["arms"]["recipe"]["tokens"], "samples": earlier["same_data"]["samples"],
+            "same_weights": None if "model_fingerprint" not in earlier
+            else earlier["model_fingerprint"] == model_fingerprint(model_dir),
             "every_sample_within_band": all(w <= b for w, b in zip(worst, band))}  # fmt: skip
 
 
@@ -372,6 +377,7 @@ def main():
     args.flags += [f"data.max_length={args.max_length}"]
     ours, theirs = write_data(work, args.samples, args.min_len, args.max_len)
     res = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "weights_s": round(time.monotonic() - t0), "arms": {}}
+    res["model_fingerprint"] = model_fingerprint(model_dir)  # what a later --band-against checks its weights by
 
     def save():
         print(json.dumps(res, indent=1)[-3000:], flush=True)

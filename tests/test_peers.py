@@ -109,8 +109,12 @@ def test_a_band_rebuilt_for_an_earlier_run_tokenizes_as_the_recipe_and_holds_its
     earlier = {"arms": {"recipe": {"tokens": tokens}}, "same_data": {"samples": 4, "rel_l2_worst_per_slot": band}}
     held = peers.band_against(model, data, 4, [1, 2, 3], earlier, device="cpu")
     assert held["bf16_band_per_slot"] == band and held["same_data"] and held["every_sample_within_band"]
+    assert held["same_weights"] is None  # that run kept no fingerprint
+    earlier["model_fingerprint"] = peers.model_fingerprint(model)
+    assert peers.band_against(model, data, 4, [1, 2, 3], earlier, device="cpu")["same_weights"]
+    earlier["model_fingerprint"] = "another"
 
     earlier["same_data"]["rel_l2_worst_per_slot"] = [band[0], band[1] * 1.5, band[2], band[3]]
     earlier["arms"]["recipe"]["tokens"] = tokens + 1
     moved = peers.band_against(model, data, 4, [1, 2, 3], earlier, device="cpu")
-    assert not moved["every_sample_within_band"] and not moved["same_data"]
+    assert not moved["every_sample_within_band"] and not moved["same_data"] and moved["same_weights"] is False
