@@ -5,7 +5,7 @@ measured end to end on one GPU, with controls that show the measure sees bad dat
 
 Steps (each a subcommand; `all` runs them in order and skips what the work folder already holds, so a
 later call resumes where an earlier one stopped):
-  target   a Llama-shaped byte-level target (8 layers, hidden 512) trained for a few minutes on the
+  target   a Llama-shaped byte-level target (8 layers by default, hidden 512) trained for a few minutes on the
            host's Python sources in chat form (a short system turn, a code window as the user turn,
            what follows as the reply); held-out loss on files it never saw; then its final norm
            weight made uneven without changing its function (spread_final_norm); bf16 safetensors
@@ -17,7 +17,8 @@ later call resumes where an earlier one stopped):
            prompts answered by the target itself (as EAGLE-3 practice regenerates data; greedy by
            default, as the measure decodes), sent as batch requests, written as chat JSONL; held-out prompts kept aside
   extract  `python -m recipe backend=sglang ...` as a user runs it, at the EAGLE-3 default layers for
-           8 layers; and, at the same time, the same run one layer deeper (the off-by-one control's shards)
+           the saved target's depth; and, at the same time, the same run one layer deeper (the
+           off-by-one control's shards)
   train    SpecForge 0.2.0's own `specforge train` (its CLI, config schema, sampler, collator, loss),
            every arm at once: reading the shards directly (recipe.shards.trainers.specforge_reads_shards),
            from `python -m recipe.shards export --to specforge` (the first --export-steps steps of the
@@ -63,10 +64,15 @@ sys.path.insert(0, str(ROOT))
 TARGET = dict(
     hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
 )
-N_LAYERS = TARGET["num_hidden_layers"]
-# SGLang's and SpecForge's default EAGLE-3 capture for N layers: outputs of layers [1, N//2-1, N-4]
-# (their convention) = residual streams entering [2, N//2, N-3] (ours).
-LAYERS = [2, N_LAYERS // 2, N_LAYERS - 3]
+
+
+def eagle3_layers(n_layers: int) -> list[int]:
+    """SGLang's and SpecForge's default EAGLE-3 capture for N layers: outputs of layers
+    [1, N//2-1, N-4] (their convention) = residual streams entering [2, N//2, N-3] (ours)."""
+    return [2, n_layers // 2, n_layers - 3]
+
+
+LAYERS = eagle3_layers(TARGET["num_hidden_layers"])  # [2, 4, 5] at the default depth
 SPEC = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 # Same flags for every server, target alone included. Decode CUDA graphs stay off everywhere: the
 # draft's graph capture imports deep_gemm, which the staged wheels lack; the comparison stays fair.
@@ -211,7 +217,9 @@ def target_batch(files: list[bytes], r: random.Random, n: int, chat: Chat, dev: 
     return ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
 
 
-def train_target(work: Path, seconds: float, sigma: float, warm=None, seed: int = 0) -> dict:
+def train_target(
+    work: Path, seconds: float, sigma: float, warm=None, seed: int = 0, layers: int = TARGET["num_hidden_layers"]
+) -> dict:
     """`warm`: a data server to start on the untrained weights (saved first), compiling SGLang's
     kernels on a fresh machine while the target trains; the data step loads the trained weights into it."""
     import torch
@@ -224,7 +232,8 @@ def train_target(work: Path, seconds: float, sigma: float, warm=None, seed: int 
     tok = make_tokenizer("llama3")
     chat = Chat(tok)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a plumbing check
-    model = target_model(chat, seed).to(dev)
+    config = dict(TARGET, num_hidden_layers=layers)
+    model = target_model(chat, seed, config).to(dev)
     if warm is not None:  # first: a fresh machine's kernels take longer to compile than the target to train
         save_target(model, tok, work / "target-init")
         warm.start()
@@ -255,7 +264,7 @@ def train_target(work: Path, seconds: float, sigma: float, warm=None, seed: int 
     info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "tokens_seen": step * 96 * chat.longest()}
     evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
     info.update(held_out_and_spread(model, loss_of, evals, seed, sigma))
-    info.update(curve=curve, config=TARGET)
+    info.update(curve=curve, config=config)
     save_target(model, tok, out)
     (out / "target.json").write_text(json.dumps(info, indent=1))
     log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")
@@ -481,11 +490,18 @@ def recipe_argv(work: Path, name: str, layers: list[int], port: int) -> list[str
     ]  # fmt: skip
 
 
+def capture_runs(work: Path) -> dict[str, list[int]]:
+    """The layers each extraction captures, from the depth of the target on disk (so a resumed call
+    captures what that target's draft config will claim): the default, and one layer deeper."""
+    layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])
+    return {"real": layers, "off_by_one": [i + 1 for i in layers]}
+
+
 def extract(work: Path) -> dict:
     """The real shards at the default layers and the off-by-one control's one layer deeper, both runs
     at once: each server's KV cache is capped (max_total_tokens), so neither one's start-up memory
     check sees the other's cache as taken. Both sets are verified while the drafts train."""
-    runs = {"real": LAYERS, "off_by_one": [i + 1 for i in LAYERS]}
+    runs = capture_runs(work)
     info, procs = {}, {}
     for i, (name, layers) in enumerate(runs.items()):
         if (work / "shards" / name / "manifest.json").exists():
@@ -958,6 +974,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=Path("/tmp/draft"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--target-seconds", type=float, default=100)
+    # Deeper targets put the EAGLE-3 slots further apart ([2, 8, 13] at 16 layers against [2, 4, 5] at 8)
+    ap.add_argument("--target-layers", type=int, default=TARGET["num_hidden_layers"])
     # the final norm weight's log-normal spread (spread_final_norm): sets what the wrong-norm control costs
     ap.add_argument("--norm-spread", type=float, default=1.5)
     # The measure decodes greedily, so the draft learns the target's greedy replies (SpecForge's
@@ -999,7 +1017,7 @@ def main(argv=None) -> int:
     ran_now = set()
     with Serving(a.work, plan) as serving:
         steps = {
-            "target": lambda: train_target(a.work, a.target_seconds, a.norm_spread, warm),
+            "target": lambda: train_target(a.work, a.target_seconds, a.norm_spread, warm, layers=a.target_layers),
             "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm),
             "extract": lambda: extract(a.work),
             "train": lambda: train_drafts(a.work, plan, serving),

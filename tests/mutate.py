@@ -64,6 +64,12 @@ MUTATIONS = {
         'if argv[:1] == ["_sftrain"] and "--to" not in argv:',
         ["tests/test_draft_bench.py"],
     ),
+    "draft_captures_the_default_depths_layers": (
+        "bench/draft.py",
+        'layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])',
+        "layers = LAYERS",
+        ["tests/test_draft_bench.py"],
+    ),
     "bf16_band_passes_a_sample_with_one_slot_inside": (
         "bench/peers.py",
         'sum(all(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',

@@ -36,3 +36,13 @@ def test_slot_distances_measure_each_pair_against_the_deeper_slot():
     assert abs(d["2-5"]["cosine"]) < 1e-4 and abs(d["4-5"]["cosine"]) < 1e-4
     expected = float(((2 * x - y).square().sum() / y.square().sum()).sqrt())
     assert abs(d["4-5"]["rel_l2"] - expected) < 1e-3
+
+
+@pytest.mark.parametrize("depth, real", [(8, [2, 4, 5]), (16, [2, 8, 13])])
+def test_the_extractions_capture_the_default_layers_of_the_target_on_disk(tmp_path, depth, real):
+    """The draft config claims the saved target's default layers; the off-by-one control is each one
+    deeper. `--target-layers` sets that depth, and a resumed call reads it from the saved target."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text(f'{{"num_hidden_layers": {depth}}}')
+    assert draft.capture_runs(tmp_path) == {"real": real, "off_by_one": [i + 1 for i in real]}
+    assert draft.parse_args(["target"]).target_layers == draft.TARGET["num_hidden_layers"] == 8
