@@ -70,6 +70,12 @@ MUTATIONS = {
         "layers = LAYERS",
         ["tests/test_draft_bench.py"],
     ),
+    "one_zstd_context_for_every_thread": (
+        "recipe/shards/codec.py",
+        "_local = threading.local()",
+        "_local = threading",
+        ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
+    ),
     "bf16_band_passes_a_sample_with_one_slot_inside": (
         "bench/peers.py",
         'sum(all(e <= b for e, b in zip(p["rel_l2"], band)) for p in per)',
