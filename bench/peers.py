@@ -349,7 +349,7 @@ def ratios(res: dict) -> dict:
     return out
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default="/tmp/llama8b")
     ap.add_argument("--samples", type=int, default=200)
@@ -368,8 +368,13 @@ def main():
     # HF in bf16 and in float32 on the first N samples: the band the states are held to (bf16_band)
     ap.add_argument("--band-samples", type=int, default=32)
     ap.add_argument("--band-against", help="an earlier peers JSON: only bf16's band, rebuilt for its figures")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.fake, args.specforge_script = False, str(Path(args.specforge_script).resolve())
+    return args
+
+
+def main():
+    args = parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
