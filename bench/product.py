@@ -89,6 +89,7 @@ def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
         raise SystemExit(f"product arm {tag} failed (rc {rc}); its log: {log_path}\n" + "\n".join(lines[-20:]))
     t_ready, t_durable = ready[0], manifest.stat().st_mtime
     totals = json.loads(manifest.read_text())["totals"]
+    computed = [log_time(ln) for ln in lines if "every sample computed" in ln and STAMP.match(ln)]
     return {
         "arm": f"product-{tag}",
         "command": " ".join(cmd),
@@ -96,12 +97,15 @@ def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
         "ready_to_durable_s": round(t_durable - t_ready, 2),
         "ready_to_exit_s": round(t_exit - t_ready, 2),
         "durable_to_exit_s": round(t_exit - t_durable, 2),
+        # the server's part and the packer's tail: every sample computed, then the last ones stored
+        "ready_to_computed_s": round(computed[0] - t_ready, 2) if computed else None,
+        "computed_to_durable_s": round(t_durable - computed[0], 2) if computed else None,
         "samples": totals["samples"],
         "tokens": totals["tokens"],
         "raw_bytes": totals["raw_bytes"],
         "stored_bytes": totals["stored_bytes"],
         "tokens_per_s_ready_to_durable": round(totals["tokens"] / (t_durable - t_ready), 1),
-        "progress_lines": [ln for ln in lines if "samples/s" in ln][-3:],
+        "progress_lines": [ln for ln in lines if "samples/s" in ln or "the last samples stored" in ln][-4:],
         "out": str(out),
     }
 

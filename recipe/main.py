@@ -264,7 +264,9 @@ def compute(cfg, job: Job, dump_dir: Path, packer: Packer, stop) -> threading.Th
         return None
     with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
         backend.run(job.todo, packer, should_stop=stop.is_set)
+        packer.progress.computed(packer.outstanding())
         packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
+        packer.progress.drained()
     return getattr(backend, "stopping", None)  # set by its close(), just now
 
 

@@ -40,6 +40,7 @@ def test_bad_input_is_accounted_and_the_run_goes_on(tmp_path):
     c = json.loads((out / "manifest.json").read_text())["counts"]
     assert c["input"] == 8 and c["ok"] == 6 and c["skipped"] == {"invalid_json": 1, "bad_field_type": 1}
     assert "skipped invalid_json: 1  e.g. d.jsonl:4" in r.stdout + r.stderr
+    assert "every sample computed" in r.stdout + r.stderr and "the last samples stored" in r.stdout + r.stderr
 
 
 def test_sizes_and_rates_are_printed_in_units_that_fit():
@@ -84,6 +85,28 @@ def test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_
         p.maybe_log()
     assert "no sample packed 31 s into the capture" in caplog.messages[0]
     assert "packed 0/10 (failed 0) in 31.0 s" in caplog.messages[1]
+
+
+def test_the_runs_tail_is_reported_from_the_last_computed_sample_to_the_last_stored(monkeypatch, caplog):
+    """At the end of a long run the server has answered everything and the packer still stores: the
+    log says so, and how long that tail took, counted from the capture's start."""
+    from recipe.packer import Progress
+
+    clock = [100.0]
+    monkeypatch.setattr("recipe.packer.progress.time.monotonic", lambda: clock[0])
+    p = Progress(total=10, every_s=1e9)
+    with caplog.at_level("INFO", logger="recipe.packer"):
+        p.computed(3)  # before the capture starts (nothing computed): quiet
+        clock[0] += 200
+        p.start()
+        clock[0] += 70
+        p.computed(3)
+        clock[0] += 0.5
+        p.drained()
+    assert caplog.messages == [
+        "every sample computed 1m10s into the capture; 3 left to store",
+        "the last samples stored 0.5 s after the last was computed",
+    ]
 
 
 def test_a_damaged_builtin_model_cache_is_rebuilt(tmp_path, monkeypatch):

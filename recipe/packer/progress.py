@@ -24,6 +24,7 @@ class Progress:
         self.samples = self.tokens = self.raw = self.stored = self.failed = 0
         self.noted = False
         self.capturing = False  # until start(): the backend says what it waits for (model, server)
+        self.computed_at: float | None = None
 
     def start(self) -> None:
         self.t0 = self.last = time.monotonic()
@@ -49,6 +50,20 @@ class Progress:
             f"{self.samples / dt:.1f} samples/s | {units.rate(self.tokens / dt, 'tok')} | raw "
             f"{units.rate(self.raw / dt)}, stored {units.rate(self.stored / dt)} (ratio {ratio}){eta}{shm}"
         )
+
+    def computed(self, outstanding: int) -> None:
+        """Every sample computed (the server has answered every request): what is left is storing the
+        last ones, the run's tail."""
+        self.computed_at = time.monotonic()
+        if self.capturing:
+            dump = f" ({units.size(records.dir_bytes(self.dump_dir))} in the dump folder)" if self.dump_dir else ""
+            log.info("every sample computed %s into the capture; %d left to store%s",
+                     units.duration(self.computed_at - self.t0), outstanding, dump)  # fmt: skip
+
+    def drained(self) -> None:
+        if self.capturing and self.computed_at is not None:
+            tail = units.duration(time.monotonic() - self.computed_at)
+            log.info("the last samples stored %s after the last was computed", tail)
 
     def maybe_log(self, force: bool = False) -> None:
         if not (self.capturing or force):
