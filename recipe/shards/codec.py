@@ -247,7 +247,7 @@ def raw_tail(frame, n: int):
 
 
 _local = threading.local()
-_scan = json.JSONDecoder().raw_decode
+scan_json = json.JSONDecoder().raw_decode  # json.loads's C scanner without its per-call checks
 
 
 def _decompressor() -> zstd.ZstdDecompressor:
@@ -276,7 +276,7 @@ def _header(body: np.ndarray) -> tuple[dict, int]:
     if body.size < 4 + hlen:
         raise CorruptRecord("record ends inside its header")
     text = body[4 : 4 + hlen].tobytes().decode()
-    header, end = _scan(text)  # json.loads without its encoding check and whitespace matches
+    header, end = scan_json(text)
     if end != len(text):
         raise CorruptRecord("record header has bytes after its JSON")
     return header, 4 + hlen

@@ -65,7 +65,7 @@ def check(shard_dir: Path, records: list[dict], deep: bool = False) -> Checked:
     for r in unique:
         by_shard.setdefault(r["shard"], []).append(r)
     bad: dict[str, str] = {}
-    shard_ends: dict[str, int] = {}
+    indexed_ends = record_ends(unique)
     for name, recs in by_shard.items():
         path = shard_dir / name
         m = _mapped(path) if path.exists() else None
@@ -76,15 +76,14 @@ def check(shard_dir: Path, records: list[dict], deep: bool = False) -> Checked:
         suspect = not deep and any(r["id"] in bad for r in (recs[0], recs[-1]))
         # a shard whose ends are wrong is not the file the index names: none of it is kept. The
         # record by record pass only where something is wrong: a million lines cost a second.
-        shard_ends[name] = end = max(r["offset"] + r["length"] for r in recs)
-        if suspect or m is None or len(m) < end:
+        if suspect or m is None or len(m) < indexed_ends[name]:
             for r in recs:
                 if r["id"] not in bad and (suspect or m is None or len(m) < r["offset"] + r["length"]):
                     bad[r["id"]] = f"{name} does not hold what the index says" if suspect else "its shard is cut short"
         if m is not None:
             m.close()
     kept = [r for r in unique if r["id"] not in bad] if bad else unique
-    ends = record_ends(kept) if bad else shard_ends
+    ends = record_ends(kept) if bad else indexed_ends
     cuts, left = _tails(shard_dir, ends, records)
     return Checked(kept, dropped + list(bad.items()), cuts, left, ends)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import CorruptFile, UserError
 from . import repair
+from .codec import scan_json
 
 INDEX = "index.jsonl"
 MANIFEST = "manifest.json"
@@ -87,15 +88,12 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-_scan = json.JSONDecoder().raw_decode
-
-
 def index_line(line: str) -> dict:
     """One index line. The C scanner straight away: json.loads adds an encoding check and two
     whitespace matches per call, a third of the time over a million lines; it still reads anything
     unusual (and raises JSONDecodeError for what is not JSON)."""
     try:
-        obj, end = _scan(line)
+        obj, end = scan_json(line)
         if end == len(line):
             return obj
     except json.JSONDecodeError:
