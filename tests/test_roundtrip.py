@@ -225,6 +225,20 @@ def test_threads_sharing_one_reader_get_their_own_samples(tmp_path):
         assert all(pool.map(check, range(48)))
 
 
+def test_each_thread_decodes_with_its_own_zstd_context():
+    """A zstd context decodes one stream at a time: threads sharing one interleave their streams
+    (another sample's bytes, or a crash); one thread reuses its own (making one costs ~10 µs)."""
+    import threading
+
+    from recipe.shards import codec
+
+    other = []
+    t = threading.Thread(target=lambda: other.append(codec._decompressor()))
+    t.start()
+    t.join()
+    assert codec._decompressor() is codec._decompressor() and other[0] is not codec._decompressor()
+
+
 def test_a_samples_memory_is_reused_only_once_nothing_views_it(tmp_path):
     """The reader hands the memory of a sample the caller dropped to the next sample (no fresh pages
     per sample), but never while a view of it lives: a torch tensor, a reshaped numpy view."""
