@@ -67,7 +67,7 @@ MUTATIONS = {
     "draft_captures_the_default_depths_layers": (
         "bench/draft.py",
         'layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])',
-        "layers = LAYERS",
+        'layers = eagle3_layers(TARGET["num_hidden_layers"])',
         ["tests/test_draft_bench.py"],
     ),
     "one_zstd_context_for_every_thread": (

@@ -45,4 +45,4 @@ def test_the_extractions_capture_the_default_layers_of_the_target_on_disk(tmp_pa
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text(f'{{"num_hidden_layers": {depth}}}')
     assert draft.capture_runs(tmp_path) == {"real": real, "off_by_one": [i + 1 for i in real]}
-    assert draft.parse_args(["target"]).target_layers == draft.TARGET["num_hidden_layers"] == 8
+    assert draft.parse_args(["target"]).target_layers == draft.TARGET["num_hidden_layers"] == 16
