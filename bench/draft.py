@@ -94,6 +94,9 @@ ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untraine
 # critical path: at full priority beside them, the trainers' first 50 steps took about 80 s, against
 # 22-25 s in bench/draft_peer.py, where neither runs
 NICE = ["nice", "-n", "19"]
+# The bench's servers hold nothing to keep: SGLang's SIGTERM path sleeps 5 s (crash diagnostics) before it
+# exits, and several of those stops sit on the critical path; SIGKILL follows this grace
+STOP_GRACE_S = 1
 OWN_READER = ("real_export", "specforge_set")  # arms SpecForge trains through its own reader (its files)
 
 
@@ -412,7 +415,7 @@ def data_server(work: Path, warm, probe: list[int]):
             log(f"data: reload refused or without effect ({r.status_code} {r.text[:200]}); a fresh server")
         except Exception as e:  # noqa: BLE001 - any failure of the shortcut falls back to the plain way
             log(f"data: warm server unusable ({type(e).__name__}: {str(e)[:300]}); a fresh server")
-        warm.stop(grace_s=5)
+        warm.stop(grace_s=STOP_GRACE_S)
     srv = server(work, "data-target-fresh", work / "target", 31001, flags=DATA_SERVE)
     srv.start()
     srv.wait_ready()
@@ -440,7 +443,7 @@ def make_data(work: Path, n_train: int, n_eval: int, temperature: float, warm=No
             stop_token_ids=[chat.eot],
         )  # fmt: skip
     finally:
-        srv.stop(grace_s=1)  # the bench's own server, its replies in hand: SGLang's SIGTERM path sleeps 5 s
+        srv.stop(grace_s=STOP_GRACE_S)
     kept = write_data(out, users, evals, outs)
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     info = {"train_conversations": kept, "eval_prompts": n_eval, "generated_tokens": tokens, "server": how,
@@ -885,7 +888,7 @@ class Serving:
 
     def __exit__(self, *exc):
         for s in self.servers.values():
-            s.stop(grace_s=5)
+            s.stop(grace_s=STOP_GRACE_S)
 
     def start(self, name: str) -> None:
         """`name`: "target" (the target alone) or a served arm; started once. Call it from the main
@@ -925,7 +928,7 @@ class Serving:
         except Exception as e:  # noqa: BLE001 - reported by controls(), in the main thread
             self.errors[arm] = f"{type(e).__name__}: {str(e)[-2000:]}"
         finally:
-            self.servers[arm].stop(grace_s=5)
+            self.servers[arm].stop(grace_s=STOP_GRACE_S)
 
     def controls(self) -> dict:
         """Every control's acceptance figures, once all are measured and their servers stopped (a server
@@ -955,7 +958,7 @@ def serve(work: Path, serving: Serving) -> dict:
         info["speed"][key] = {
             f"batch_{b}": decode_figures(s, prompts[: BATCH1_PROMPTS if b == 1 else None], stop, b) for b in (16, 1)
         }
-        s.stop(grace_s=5)
+        s.stop(grace_s=STOP_GRACE_S)
     info["server_ready_seconds"] = dict(serving.ready_s)
     info["acceptance"]["real"] = info["speed"]["real_draft"]["batch_16"]
     for b in ("batch_1", "batch_16"):

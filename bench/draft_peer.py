@@ -124,7 +124,7 @@ def acceptance(work: Path, names: tuple[str, ...]) -> dict:
             return {n: f.result() for n, f in done.items()}
     finally:
         for s in servers.values():
-            s.stop(grace_s=5)
+            s.stop(grace_s=draft.STOP_GRACE_S)
 
 
 def verdict(acc: dict, seeds: int) -> dict:
