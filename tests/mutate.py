@@ -70,6 +70,18 @@ MUTATIONS = {
         'layers = eagle3_layers(TARGET["num_hidden_layers"])',
         ["tests/test_draft_bench.py"],
     ),
+    "server_wait_note_without_its_log_line": (
+        "recipe/backends/sglang.py",
+        'self.last_log_line() or "(nothing yet)"',
+        '"(nothing yet)"',
+        ["tests/test_sglang_backend.py::test_a_slow_start_is_reported_with_the_servers_latest_line"],
+    ),
+    "server_wait_note_with_the_first_line": (
+        "recipe/backends/sglang.py",
+        'return lines[-1][:limit] if lines else ""',
+        'return lines[0][:limit] if lines else ""',
+        ["tests/test_sglang_backend.py::test_a_slow_start_is_reported_with_the_servers_latest_line"],
+    ),
     "one_zstd_context_for_every_thread": (
         "recipe/shards/codec.py",
         "_local = threading.local()",

@@ -241,3 +241,21 @@ def test_server_that_never_starts_fails_fast_with_its_log(tmp_path):
 
     with pytest.raises(ServerError, match="boom: no GPU"):
         run(cfg)
+
+
+def test_a_slow_start_is_reported_with_the_servers_latest_line(tmp_path, monkeypatch, caplog):
+    """A start of many minutes (a large checkpoint's weights) says where it is, not only that it waits:
+    the server's latest line, a progress bar's last update included."""
+    from recipe.backends.sglang import Server, ServerError
+
+    script = (
+        "import sys, time; print('importing'); print('Load weight begin', flush=True); "
+        "sys.stdout.write('shards 1/3\\rshards 2/3'); sys.stdout.flush(); time.sleep(30)"
+    )
+    srv = Server([sys.executable, "-c", script], None, tmp_path / "server.log", f"http://127.0.0.1:{free_port()}", 4)
+    monkeypatch.setattr(Server, "NOTE_EVERY_S", 0.5)
+    srv.start()
+    with caplog.at_level("INFO", logger="recipe.backends.sglang"), pytest.raises(ServerError, match="not ready"):
+        srv.wait_ready()
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for the server")]
+    assert len(notes) >= 2 and notes[-1].endswith("its log: shards 2/3")

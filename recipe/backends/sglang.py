@@ -155,6 +155,8 @@ class Server:
     the recipe's life (parent-death signal), and recorded in `pid_file` so that a resume after a
     kill -9 stops any worker that outlived it before starting its own."""
 
+    NOTE_EVERY_S = 30.0  # while waiting for /health, a line this often with the server's latest
+
     def __init__(self, argv, env, log_path: Path, url: str, ready_timeout_s: float, pid_file: Path | None = None):
         self.argv, self.env, self.log_path, self.url, self.ready_timeout_s = (
             argv,
@@ -234,8 +236,12 @@ class Server:
             if waited > self.ready_timeout_s:
                 self.stop()
                 raise ServerError(f"server not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
-            if time.monotonic() - last > 30:
-                log.info("waiting for the server (%.0f s; kernels compile on a fresh machine)", waited)
+            if time.monotonic() - last > self.NOTE_EVERY_S:
+                log.info(
+                    "waiting for the server (%.0f s; a fresh machine's first start compiles kernels); its log: %s",
+                    waited,
+                    self.last_log_line() or "(nothing yet)",
+                )
                 last = time.monotonic()
             time.sleep(1.0)
 
@@ -264,6 +270,18 @@ class Server:
         t = threading.Thread(target=self.stop, kwargs={"grace_s": grace_s}, name="server-stop")
         t.start()
         return t
+
+    def last_log_line(self, limit: int = 160) -> str:
+        """The server's latest line (a progress bar's \\r-separated updates count as lines): where a
+        start of many minutes is (imports, weights, KV pool, warm-up)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [x.strip() for x in tail.splitlines() if x.strip()]  # splits at \r as well
+        return lines[-1][:limit] if lines else ""
 
     def log_tail(self, n: int = 60) -> str:
         try:
