@@ -819,10 +819,13 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     shutil.rmtree(work / "serve" / arm, ignore_errors=True)  # an earlier call's export is not this one's
     logf = open(work / "drafts" / f"{arm}.log", "w")
     # six trainers, the export's workers and servers share 16 cores: torch's default of a thread per
-    # core in each would oversubscribe them (GPU math is unaffected by CPU threads)
+    # core in each would oversubscribe them (GPU math is unaffected by CPU threads). The arms that end
+    # long before the rest (one step; the export's first steps, compared step by step, which priority
+    # does not change) run at nice 19, so the arms the scenario waits for get the cores
     env = dict(os.environ, DRAFT_TARGET=str(work / "target"), OMP_NUM_THREADS="2")
     serve = arm in served_arms(plan) if serve is None else serve
-    argv = [sys.executable, __file__, *sftrain_argv(work, arm, cfg, draft, serve)]
+    beside = arm == "untrained" or (arm == "real_export" and not serve)
+    argv = [*(NICE if beside else ()), sys.executable, __file__, *sftrain_argv(work, arm, cfg, draft, serve)]
     log(f"train {arm}: SpecForge on {features[arm]}")
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
 
