@@ -32,9 +32,8 @@ import draft  # noqa: E402
 from recipe.main import run  # noqa: E402
 
 pytestmark = pytest.mark.slow
-SHAPE = dict(num_hidden_layers=8, hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2)
-TARGET = dict(draft.TARGET, **SHAPE)
-LAYERS = draft.eagle3_layers(8)  # [2, 4, 5]
+TARGET = dict(num_hidden_layers=8, hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2)
+LAYERS = draft.eagle3_layers(TARGET["num_hidden_layers"])  # [2, 4, 5]
 N_AUX, STEPS, TRAIN, HELD_OUT = 3, 200, 120, 40
 
 

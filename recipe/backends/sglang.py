@@ -271,23 +271,24 @@ class Server:
         t.start()
         return t
 
-    def last_log_line(self, limit: int = 160) -> str:
-        """The server's latest line (a progress bar's \\r-separated updates count as lines): where a
-        start of many minutes is (imports, weights, KV pool, warm-up)."""
+    def log_lines(self, nbytes: int = 1 << 18) -> list[str] | None:
+        """The log's last lines, from its last `nbytes` (a log of hours is not read whole); a progress
+        bar's \\r-separated updates count as lines. None: no log."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
-                tail = f.read().decode(errors="replace")
+                f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+                return f.read().decode(errors="replace").splitlines()
         except OSError:
-            return ""
-        lines = [x.strip() for x in tail.splitlines() if x.strip()]  # splits at \r as well
+            return None
+
+    def last_log_line(self, limit: int = 160) -> str:
+        """The server's latest line: where a start of many minutes is (imports, weights, KV pool, warm-up)."""
+        lines = [x.strip() for x in self.log_lines(8192) or () if x.strip()]
         return lines[-1][:limit] if lines else ""
 
     def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no server log)"
+        lines = self.log_lines()
+        return "(no server log)" if lines is None else "\n".join(lines[-n:])
 
 
 def hydra_run_dir() -> Path | None:
