@@ -82,6 +82,12 @@ MUTATIONS = {
         'return lines[0][:limit] if lines else ""',
         ["tests/test_sglang_backend.py::test_a_slow_start_is_reported_with_the_servers_latest_line"],
     ),
+    "server_wait_note_shows_its_own_health_polls": (
+        "recipe/backends/sglang.py",
+        """if x.strip() and '"GET /health' not in x]""",
+        "if x.strip()]",
+        ["tests/test_sglang_backend.py::test_a_slow_start_is_reported_with_the_servers_latest_line"],
+    ),
     "one_zstd_context_for_every_thread": (
         "recipe/shards/codec.py",
         "_local = threading.local()",

@@ -245,12 +245,14 @@ def test_server_that_never_starts_fails_fast_with_its_log(tmp_path):
 
 def test_a_slow_start_is_reported_with_the_servers_latest_line(tmp_path, monkeypatch, caplog):
     """A start of many minutes (a large checkpoint's weights) says where it is, not only that it waits:
-    the server's latest line, a progress bar's last update included."""
+    the server's latest line, a progress bar's last update included, past the access lines of our own
+    readiness polls."""
     from recipe.backends.sglang import Server, ServerError
 
+    poll = '[2026-12-02 15:31:52] INFO:     127.0.0.1:54542 - "GET /health HTTP/1.1" 503 Service Unavailable'
     script = (
         "import sys, time; print('importing'); print('Load weight begin', flush=True); "
-        "sys.stdout.write('shards 1/3\\rshards 2/3'); sys.stdout.flush(); time.sleep(30)"
+        f"sys.stdout.write('shards 1/3\\rshards 2/3\\n'); print({poll!r}, flush=True); time.sleep(30)"
     )
     srv = Server([sys.executable, "-c", script], None, tmp_path / "server.log", f"http://127.0.0.1:{free_port()}", 4)
     monkeypatch.setattr(Server, "NOTE_EVERY_S", 0.5)

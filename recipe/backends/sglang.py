@@ -282,8 +282,9 @@ class Server:
             return None
 
     def last_log_line(self, limit: int = 160) -> str:
-        """The server's latest line: where a start of many minutes is (imports, weights, KV pool, warm-up)."""
-        lines = [x.strip() for x in self.log_lines(8192) or () if x.strip()]
+        """The server's latest line: where a start of many minutes is (imports, weights, KV pool, warm-up).
+        The access lines of our own readiness polls (`"GET /health ... 503`) say nothing about that."""
+        lines = [x.strip() for x in self.log_lines(8192) or () if x.strip() and '"GET /health' not in x]
         return lines[-1][:limit] if lines else ""
 
     def log_tail(self, n: int = 60) -> str:
