@@ -3,15 +3,19 @@
     python bench/scale.py sets --sizes 10000,100000,1000000 --out scale.json    # 64 jobs merged, then each op
     python bench/scale.py long --tokens 131072 --hidden 2048 --out long.json    # one long sample: packer, reader
     python bench/scale.py huge --chars 20000000 --out huge.json                 # one huge record planned
+    python bench/scale.py verify --samples 160 --tokens 2048 --hidden 4096 --out v.json  # verify, 1 and 2 processes
 
 `sets`: N samples written as 64 job sets (the real ShardStore, index and records; small samples of
 16 tokens x 4 slots x hidden 8, so the index and the per-record work dominate, as in a set of 1M short
 chats), merged into one (`recipe.shards.merge`, timed), then in a fresh process each: open (ShardReader),
-resume plan (ShardStore's checks + the keys left to do), inspect, verify. Peak RSS is each process's
-own ru_maxrss. `long`: one sample through the real packer (its worker process) and the reader; peak RSS
-against the sample's raw size. `huge`: one record whose reply is --chars characters of code-like words,
+resume plan (ShardStore's checks + the keys left to do), inspect, verify (in one process, then over 2
+worker processes). Peak RSS is each process's own ru_maxrss, and its largest child's (a verify's
+workers; a spawned child's figure includes its parent's image as forked, before exec). `long`: one
+sample through the real packer (its worker process) and the reader; peak RSS against the sample's
+raw size. `huge`: one record whose reply is --chars characters of code-like words,
 planned (read, rendered, tokenized, cut to max_length 2048) by `recipe.data.build_plan` with the tiny
-byte tokenizer in a fresh process: time and peak RSS.
+byte tokenizer in a fresh process: time and peak RSS. `verify`: N samples of production size in one
+set, verified in a fresh process, in one process and over 2 workers: the decode, not the index, bounds it.
 """
 
 from __future__ import annotations
@@ -32,21 +36,24 @@ sys.path.insert(0, str(ROOT))
 T, SLOTS, H, JOBS = 16, 4, 8, 64
 CAPTURE = {"layers": [1, 2, 3], "final": True, "slots": ["layer_1", "layer_2", "layer_3", "final_post_norm"]}
 IDENTITY = {"format": "bench-scale", "model_fingerprint": "x", "capture": CAPTURE | {"convention": "residual_in"}}
-MODEL = {"model": {"name": "bench", "hidden_size": H, "num_layers": 4}}
 
 
-def build(root: Path, n: int) -> float:
-    """n samples as JOBS job sets under root/job-i; returns the seconds it took."""
+def build(root: Path, n: int, jobs: int = JOBS, tokens: int = T, hidden: int = H) -> float:
+    """n samples as `jobs` job sets under root/job-i; returns the seconds it took. Short samples are
+    N(0, 1); long ones N(0, 0.05), as `long` makes them (both bf16, one array shared by every sample)."""
     from recipe.shards.appender import AppendingStore
     from recipe.shards.codec import Codec
 
     rng = np.random.default_rng(0)
-    h = (rng.standard_normal((T, SLOTS, H), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    x = rng.standard_normal((tokens, SLOTS, hidden), dtype=np.float32) * (1.0 if hidden == H else 0.05)
+    h = (x.view(np.uint32) >> 16).astype(np.uint16)
+    del x
+    model = {"model": {"name": "bench", "hidden_size": hidden, "num_layers": 4}}
     codec, t0 = Codec(entropy_only=True), time.perf_counter()
-    for j in range(JOBS):
-        store = AppendingStore(root / f"job-{j}", IDENTITY, MODEL)
-        ids, mask = np.arange(T, dtype=np.int32), np.ones(T, np.uint8)
-        for i in range(j, n, JOBS):
+    ids, mask = np.arange(tokens, dtype=np.int32), np.ones(tokens, np.uint8)
+    for j in range(jobs):
+        store = AppendingStore(root / f"job-{j}", IDENTITY, model)
+        for i in range(j, n, jobs):
             sid = f"{i:024x}"
             meta = {"id": sid, "key": f"k{sid}", "dtypes": {"hidden": "bfloat16", "input_ids": "int32"}}
             tensors = {
@@ -54,7 +61,7 @@ def build(root: Path, n: int) -> float:
                 "loss_mask": ("uint8", mask),
                 "hidden": ("bfloat16", h),
             }
-            store.append(sid, f"k{sid}", codec.encode(meta, tensors), tokens=T, raw_bytes=h.nbytes)
+            store.append(sid, f"k{sid}", codec.encode(meta, tensors), tokens=tokens, raw_bytes=h.nbytes)
             if len(store._pending) >= 8192:
                 store.commit()
         store.commit()
@@ -70,7 +77,8 @@ OPS = {
         "todo = [k for k in (r['key'] for r in s.records) if k not in s.keys]; s.close()"
     ),
     "inspect": "from recipe.shards.__main__ import inspect; inspect(Path(ROOT))",
-    "verify": "from recipe.shards.__main__ import verify; assert verify(Path(ROOT)) == []",
+    "verify": "from recipe.shards.verify import verify; assert verify(Path(ROOT)) == []",
+    "verify_2_workers": "from recipe.shards.verify import verify; assert verify(Path(ROOT), workers=2) == []",
     "plan": (
         "from omegaconf import OmegaConf; from recipe import data; from recipe.schema import DataConfig; "
         "from recipe.tiny import make_tokenizer; "
@@ -86,7 +94,8 @@ def measure(op: str, root: Path) -> dict:
         "import json, resource, sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
         f"ROOT = sys.argv[1]; t0 = time.perf_counter(); {OPS[op]}; "
         "print(json.dumps({'seconds': round(time.perf_counter() - t0, 3), "
-        "'peak_rss_MB': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))"
+        "'peak_rss_MB': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "
+        "'children_peak_rss_MB': round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))"
     )
     r = subprocess.run([sys.executable, "-c", code, str(root), str(ROOT)], capture_output=True, text=True, cwd=ROOT)
     if r.returncode:
@@ -107,9 +116,10 @@ def sets(sizes: list[int], work: Path) -> list[dict]:
         row = {"samples": n, "build_s": round(built, 1), "merge_64_jobs_s": round(time.perf_counter() - t0, 3)}
         row["raw_MB"] = round(n * (T * SLOTS * H * 2 + 5 * T) / 1e6, 1)
         row["index_MB"] = round((work / "merged" / "index.jsonl").stat().st_size / 1e6, 1)
-        for op in ("open", "resume_plan", "inspect", "verify"):  # "plan" is the huge record's (`huge`)
+        for op in ("open", "resume_plan", "inspect", "verify", "verify_2_workers"):  # "plan": `huge`'s
             row[op] = measure(op, work / "merged")
-        row["verify"]["raw_MB_per_s"] = round(row["raw_MB"] / row["verify"]["seconds"], 1)
+        for op in ("verify", "verify_2_workers"):
+            row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
     shutil.rmtree(work, ignore_errors=True)
@@ -182,6 +192,21 @@ def pack_one(tokens: int, hidden: int, work: str) -> int:
     return raw
 
 
+def verify_long(n: int, tokens: int, hidden: int, work: Path) -> dict:
+    """n samples of production size in one set: `verify` in one process, then over 2 workers."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    row = {"samples": n, "tokens": tokens, "hidden": hidden, "build_s": round(build(work, n, 1, tokens, hidden), 1)}
+    root = work / "job-0"
+    m = json.loads((root / "manifest.json").read_text())["totals"]
+    row["raw_MB"], row["stored_MB"] = round(m["raw_bytes"] / 1e6, 1), round(m["stored_bytes"] / 1e6, 1)
+    for op in ("verify", "verify_2_workers"):
+        row[op] = measure(op, root)
+        row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
 def huge_record(chars: int, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     reply = " ".join(f"w{i % 977}" for i in range(chars // 4 + 1))[:chars]
@@ -195,7 +220,8 @@ def huge_record(chars: int, work: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["sets", "long", "huge"])
+    ap.add_argument("what", choices=["sets", "long", "huge", "verify"])
+    ap.add_argument("--samples", type=int, default=160)
     ap.add_argument("--chars", type=int, default=20_000_000)
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--tokens", type=int, default=131072)
@@ -207,6 +233,8 @@ def main() -> int:
         res = {"sets": sets([int(x) for x in a.sizes.split(",")], a.work)}
     elif a.what == "long":
         res = {"long": long_sample(a.tokens, a.hidden, a.work)}
+    elif a.what == "verify":
+        res = {"verify": verify_long(a.samples, a.tokens, a.hidden, a.work)}
     else:
         res = {"huge": huge_record(a.chars, a.work)}
     res["machine"] = {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]}

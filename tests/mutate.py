@@ -224,8 +224,32 @@ MUTATIONS = {
         "    if False:\n",
         ["tests/test_guarantees.py::test_a_dump_with_another_slot_count_is_refused_not_stored"],
     ),
+    "verify_ranges_drop_the_last": (
+        "recipe/shards/verify.py",
+        "return out + ([(lo, len(records))] if lo < len(records) else [])",
+        "return out",
+        ["tests/test_integrity.py::test_verify_over_several_processes_names_what_one_process_names"],
+    ),
+    "verify_workers_skip_their_first_record": (
+        "recipe/shards/verify.py",
+        "for rec in recs:",
+        "for rec in recs[(r is _WORKER_READER) :]:",
+        ["tests/test_integrity.py::test_verify_over_several_processes_names_what_one_process_names"],
+    ),
+    "verify_keeps_every_shards_pages": (
+        "recipe/shards/verify.py",
+        "        r.let_go(shard)\n",
+        "        pass\n",
+        ["tests/test_integrity.py::test_verify_lets_go_of_the_pages_of_every_shard_it_has_read"],
+    ),
+    "verify_progress_counts_ranges": (
+        "recipe/shards/verify.py",
+        "self.samples + part.samples",
+        "self.samples + 1",
+        ["tests/test_integrity.py::test_a_long_verify_says_how_far_it_is_with_its_rate_and_eta"],
+    ),
     "verify_ignores_the_mask_length": (
-        "recipe/shards/__main__.py",
+        "recipe/shards/verify.py",
         'or arrs["loss_mask"].shape[0] != rec["tokens"]',
         "",
         ["tests/test_guarantees.py::test_verify_names_a_loss_mask_whose_length_is_not_the_token_count"],

@@ -34,10 +34,10 @@ from recipe.data import Sample
 from recipe.main import RunFailed, run
 from recipe.packer import Packer, check_planes
 from recipe.shards import CorruptRecord, ShardReader
-from recipe.shards.__main__ import verify
 from recipe.shards.appender import AppendingStore
 from recipe.shards.codec import Codec, split_planes
 from recipe.shards.store import INDEX, ShardStore
+from recipe.shards.verify import verify
 
 IDENTITY = {"format": "t", "model_fingerprint": "m", "capture": {}}
 

@@ -6,8 +6,10 @@ shard, a second run on the same RAM disk) and then checks the three things that 
 mixed, nothing lost silently, and `verify` agrees with the index.
 """
 
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,9 +22,9 @@ from conftest import small_run_cfg as cfg
 
 from recipe.main import run
 from recipe.shards import HiddenStatesDataset, ShardReader
-from recipe.shards.__main__ import verify
 from recipe.shards.appender import AppendingStore
 from recipe.shards.store import ProvenanceMismatch
+from recipe.shards.verify import verify
 
 
 def recipe_cli(tmp, *args, env=None, wait=True, out=None, prefix=()):
@@ -324,13 +326,67 @@ def test_a_resume_drops_lines_whose_place_holds_another_sample(tmp_path):
     assert all(r.get(i)["meta"]["id"] == i for i in r.ids)
 
 
-def test_a_flipped_byte_is_found_by_a_deep_resume_and_redone(tmp_path):
-    out, resume = several_shards(tmp_path)
-    rec = ShardReader(out).records[3]
+def flip_a_byte(out, rec):
     path = out / "shards" / rec["shard"]
     data = bytearray(path.read_bytes())
     data[rec["offset"] + rec["length"] // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_verify_over_several_processes_names_what_one_process_names(tmp_path, monkeypatch):
+    """A terabyte set is verified over several processes: the ranges of the index they split it into
+    cover every record once, so they name the same damaged samples, in index order."""
+    from recipe.shards import verify as verifying
+
+    out, _ = several_shards(tmp_path)
+    recs = ShardReader(out).records
+    for i in (0, 4, 7):  # the first record, one in the middle, the last: each in another range
+        flip_a_byte(out, recs[i])
+    monkeypatch.setattr(verifying, "RANGE_RECORDS", 3)  # [0, 3), [3, 6), [6, 8)
+    one, many = verify(out, workers=1), verify(out, workers=3)
+    assert many == one
+    assert [next(r["id"] for r in recs if r["id"] in p) for p in one] == [recs[i]["id"] for i in (0, 4, 7)]
+
+
+def test_a_long_verify_says_how_far_it_is_with_its_rate_and_eta(tmp_path, monkeypatch):
+    from recipe.shards import verify as verifying
+
+    out, _ = several_shards(tmp_path)
+    monkeypatch.setattr(verifying, "RANGE_RECORDS", 2)
+    monkeypatch.setattr(verifying, "PROGRESS_EVERY_S", 0.0)
+    log = io.StringIO()
+    assert verify(out, log=log) == []
+    lines = log.getvalue().splitlines()
+    line = re.compile(
+        r"verify: (\d+)/8 samples, \S+ \S+ of \S+ \S+ raw, \S+ \S+/s \| 0 problem\(s\) so far \| ETA \S+ s"
+    )
+    assert all(line.fullmatch(x) for x in lines), lines
+    assert [int(line.fullmatch(x)[1]) for x in lines] == [2, 4, 6]  # after the last range: the verdict line
+
+
+def test_verify_lets_go_of_the_pages_of_every_shard_it_has_read(tmp_path, monkeypatch):
+    """Verifying a terabyte holds the pages of the records it reads now, not of every shard read
+    (mapped pages count in a process's and a container's memory until let go)."""
+    out, _ = several_shards(tmp_path)
+    let_go = []
+    monkeypatch.setattr(ShardReader, "let_go", lambda self, shard: let_go.append(shard))
+    assert verify(out) == []
+    assert sorted(set(let_go)) == sorted({r["shard"] for r in ShardReader(out).records})
+
+
+def test_verify_refuses_fewer_than_one_worker_in_one_line(tmp_path, capsys):
+    from recipe.shards.__main__ import main
+
+    out, _ = several_shards(tmp_path, n=2)
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--workers", "0", str(out)])
+    assert e.value.code == 2 and "--workers: 0: at least 1" in capsys.readouterr().err
+
+
+def test_a_flipped_byte_is_found_by_a_deep_resume_and_redone(tmp_path):
+    out, resume = several_shards(tmp_path)
+    rec = ShardReader(out).records[3]
+    flip_a_byte(out, rec)
     assert any(rec["id"] in p for p in verify(out))
     counts = resume("shards.deep_check=true")
     assert counts["ok_this_run"] == 1 and counts["ok"] == 8

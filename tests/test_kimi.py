@@ -11,7 +11,7 @@ from conftest import ROOT, small_run_cfg
 from recipe import data
 from recipe.main import run
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
+from recipe.shards.verify import verify
 from recipe.tiny import materialize
 
 KIMI = ["model.path=builtin:tiny-kimi-k2.5", "model.name=tiny-kimi-k2.5", "model.default_layers=[1,2,3]"]

@@ -18,7 +18,7 @@ from recipe.capture.writer import CaptureWriter
 from recipe.main import RunFailed, run
 from recipe.preflight import PreflightError
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
+from recipe.shards.verify import verify
 
 SEEDS = 20
 ARGS = ["data.limit=24", "backend.batch_size=1", "shards.commit_every=2", "log_every_s=1000"]

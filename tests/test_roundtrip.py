@@ -16,10 +16,10 @@ from recipe.data import Sample
 from recipe.main import run
 from recipe.packer import Packer
 from recipe.shards import CorruptRecord, HiddenStatesDataset, ShardReader
-from recipe.shards.__main__ import verify
 from recipe.shards.appender import AppendingStore
 from recipe.shards.codec import Codec
 from recipe.shards.store import ShardStore
+from recipe.shards.verify import verify
 
 
 def run_cfg(tmp_path, *extra):

@@ -12,8 +12,8 @@ from conftest import ROOT, compose
 
 from recipe.backends.sglang import server_argv
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
 from recipe.shards.merge import MergeError, merge
+from recipe.shards.verify import verify
 
 COMMON = ["data.limit=10", "backend.batch_size=1", "log_every_s=1000"]  # batch 1: bytes independent of batching
 

@@ -14,7 +14,7 @@ from recipe.backends.hf import HFBackend
 from recipe.backends.sglang import server_argv, server_env, to_flags
 from recipe.main import RunFailed, run
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
+from recipe.shards.verify import verify
 
 FAKE = [sys.executable, str(ROOT / "tests" / "fake_sglang.py")]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
+from recipe.shards.verify import verify
 
 DRIVER = """
 import errno, sys

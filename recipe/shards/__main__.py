@@ -1,7 +1,7 @@
 """python -m recipe.shards {inspect,verify,export,merge} ...
 
 inspect DIR                       summary: counts, sizes, ratio, provenance
-verify DIR                        every checksum, frame and count; exit 1 on any problem
+verify DIR [--workers N]          every checksum, frame and count; exit 1 on any problem
 export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT] [--workers N]
 merge OUT IN [IN ...]             one index + manifest over several shard sets
 rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
@@ -10,7 +10,6 @@ rebuild-index DIR                 scan the shards without their index -> DIR/ind
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -19,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from ..errors import CorruptFile, NotAShardSet, UserError, disk_full
-from .codec import CorruptRecord, Recycler, crc32, decode, tail_frame_follows
-from .reader import ShardReader, check_record
-from .repair import record_ends
-from .store import SHARD_DIR, index_lines, read_identity
+from ..errors import NotAShardSet, UserError, disk_full
+from .codec import crc32, decode, tail_frame_follows
+from .reader import ShardReader
+from .store import SHARD_DIR, index_lines
+from .verify import verify
 
 
 def inspect(root: Path) -> dict:
@@ -48,85 +47,6 @@ def inspect(root: Path) -> dict:
         "patch": (m.get("backend") or {}).get("patch"),
     }
     return info
-
-
-def verify(root: Path, out=sys.stdout) -> list[str]:
-    """All problems found (empty = good). Names the sample and shard of each."""
-    problems = []
-    try:
-        r = ShardReader(root, refuse_duplicates=False)  # reported below, with the rest
-    except (FileNotFoundError, ValueError) as e:
-        return [str(e)]
-    try:
-        read_identity(root)
-    except CorruptFile as e:
-        problems.append(str(e))
-    for kind in ("id", "key"):
-        dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
-        problems += [f"duplicate {kind} {k} in index" for k in dup]
-    sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
-    lost = collections.defaultdict(list)
-    for rec in r.records:
-        if rec["offset"] + rec["length"] > sizes.get(rec["shard"], -1):
-            lost[rec["shard"]].append(rec["id"])
-    for shard, ids in lost.items():
-        what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
-        problems.append(f"{shard} {what}: {len(ids)} samples lost (a resume redoes them): {', '.join(ids)}")
-    problems += record_problems(r, lost)
-    ends = record_ends(r.records)
-    merged = bool((r.manifest.get("counts") or {}).get("merged"))
-    for shard, end in ends.items():
-        size = sizes.get(shard, 0)
-        if shard not in lost and size != end and not merged:  # a merged set may skip a duplicate at a shard's end
-            problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
-    problems += manifest_problems(r.manifest, r.records)
-    verdict = "OK" if not problems else f"{len(problems)} problem(s)"
-    print(f"verified {len(r.records)} samples in {len(ends)} shards: {verdict}", file=out)
-    return problems
-
-
-def record_problems(r: ShardReader, lost: dict) -> list[str]:
-    """Every record outside a lost shard decoded (its checksum, its own id) and its shapes checked."""
-    slots, hidden = len(r.manifest["capture"]["slots"]), r.manifest["model"]["hidden_size"]
-    problems = []
-    recycler = Recycler()  # one sample's memory, reused for every sample
-    for rec in r.records:
-        where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
-        if rec["shard"] in lost:
-            continue
-        try:
-            meta, arrs = decode(r.read_frame(rec), rec["crc32"], recycler)
-            check_record(rec, meta, arrs)
-        except (CorruptRecord, OSError) as e:
-            problems.append(f"{where}: {e}")
-            continue
-        h = arrs.get("hidden")
-        if h is None or h.shape != (rec["tokens"], slots, hidden):
-            problems.append(
-                f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}"
-            )
-        elif arrs["input_ids"].shape[0] != rec["tokens"] or arrs["loss_mask"].shape[0] != rec["tokens"]:
-            problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
-    return problems
-
-
-def manifest_problems(m: dict, records: list[dict]) -> list[str]:
-    """The manifest's totals against the index, and its counts against themselves."""
-    problems = []
-    t, tokens = m["totals"], sum(x["tokens"] for x in records)
-    if t["samples"] != len(records) or t["tokens"] != tokens:
-        problems.append(
-            f"manifest totals {t['samples']} samples/{t['tokens']} tokens disagree with the index "
-            f"({len(records)}/{tokens})"
-        )
-    c = m.get("counts")
-    if c and not c.get("merged"):
-        accounted = c["ok"] + sum(c["skipped"].values()) + sum(c["failed"].values()) + c.get("not_done", 0)
-        if accounted != c["input"]:
-            problems.append(f"accounting: ok+skipped+failed+not_done = {accounted} != input {c['input']}")
-        if c["ok"] > len(records):
-            problems.append(f"manifest counts {c['ok']} ok samples but the index holds {len(records)}")
-    return problems
 
 
 def scan_shard(path: Path):
@@ -201,13 +121,25 @@ def main(argv=None) -> int:
         return 2
 
 
+def at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipe.shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("inspect").add_argument("dir", type=Path)
-    sub.add_parser("verify").add_argument("dir", type=Path)
+    v = sub.add_parser("verify")
+    v.add_argument(
+        "--workers", type=at_least_one, default=min(8, os.cpu_count() or 1),
+        help="processes decoding records (default: the cores, at most 8); 1 decodes in this process",
+    )  # fmt: skip
+    v.add_argument("dir", type=Path)
     e = sub.add_parser("export")
     e.add_argument("--to", required=True, choices=["specforge", "speculators"])
     e.add_argument(
@@ -243,7 +175,7 @@ def command(argv=None) -> int:
         print(json.dumps(inspect(a.dir), indent=2))
         return 0
     if a.cmd == "verify":
-        problems = verify(a.dir)
+        problems = verify(a.dir, workers=a.workers)
         for x in problems:
             print("  " + x)
         return 1 if problems else 0

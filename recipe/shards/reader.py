@@ -42,7 +42,9 @@ def check_record(line: dict, meta: dict, arrs: dict) -> None:
 
 
 class ShardReader:
-    def __init__(self, root: str | Path, refuse_duplicates: bool = True):
+    """index=False: the manifest and the shards without the index (a worker handed its records)."""
+
+    def __init__(self, root: str | Path, refuse_duplicates: bool = True, index: bool = True):
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         if self.manifest is None:
@@ -50,7 +52,7 @@ class ShardReader:
                 f"{self.root} has no manifest.json: not a finished shard directory"
                 + ("" if self.root.is_dir() else " (it does not exist)")
             )
-        self.records = read_index(self.root)
+        self.records = read_index(self.root) if index else []
         self.by_id = {r["id"]: r for r in self.records}
         if refuse_duplicates and len(self.by_id) != len(self.records):
             dup = [i for i, n in Counter(r["id"] for r in self.records).items() if n > 1]
@@ -93,6 +95,13 @@ class ShardReader:
         if m is None:
             raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
         return memoryview(m)[rec["offset"] : end]
+
+    def let_go(self, shard: str) -> None:
+        """Drops this process's pages of a shard it has read (the page cache keeps them): a pass over
+        a terabyte holds the pages of what it reads now, not of everything it has read."""
+        m = self._maps.get(shard) if self._pid == os.getpid() else None
+        if m is not None and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)
 
     def _release(self, rec: dict):
         """For a record of gigabytes: lets decode drop the mapped pages it has passed, so a read

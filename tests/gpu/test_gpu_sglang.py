@@ -32,7 +32,7 @@ from recipe.backends.sglang import Server, server_argv, server_env
 from recipe.capture import records, settings
 from recipe.main import RunFailed, run
 from recipe.shards import ShardReader
-from recipe.shards.__main__ import verify
+from recipe.shards.verify import verify
 from recipe.tiny import materialize
 
 pytestmark = pytest.mark.gpu
