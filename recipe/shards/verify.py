@@ -1,8 +1,9 @@
 """`python -m recipe.shards verify DIR [--workers N]`: every checksum, frame and count of a shard set.
 
 The index and the manifest are checked in this process; the records are decoded in ranges of index
-order, over `workers` processes (one decodes ~1.3 GB/s of raw data: a terabyte set takes a quarter
-of an hour on one core), with a line every PROGRESS_EVERY_S seconds once it runs that long.
+order, over `workers` processes (one checks ~2 GB/s of raw data on 64 MB samples, docs/benchmarks.md:
+a terabyte set takes about 8 minutes on one core), with a line every PROGRESS_EVERY_S seconds once it
+runs that long.
 """
 
 from __future__ import annotations
