@@ -38,14 +38,14 @@ CAPTURE = {"layers": [1, 2, 3], "final": True, "slots": ["layer_1", "layer_2", "
 IDENTITY = {"format": "bench-scale", "model_fingerprint": "x", "capture": CAPTURE | {"convention": "residual_in"}}
 
 
-def build(root: Path, n: int, jobs: int = JOBS, tokens: int = T, hidden: int = H) -> float:
-    """n samples as `jobs` job sets under root/job-i; returns the seconds it took. Short samples are
-    N(0, 1); long ones N(0, 0.05), as `long` makes them (both bf16, one array shared by every sample)."""
+def build(root: Path, n: int, jobs: int = JOBS, tokens: int = T, hidden: int = H, sd: float = 1.0) -> float:
+    """n samples as `jobs` job sets under root/job-i, their states bf16 of N(0, sd), one array shared by
+    every sample; returns the seconds it took."""
     from recipe.shards.appender import AppendingStore
     from recipe.shards.codec import Codec
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((tokens, SLOTS, hidden), dtype=np.float32) * (1.0 if hidden == H else 0.05)
+    x = rng.standard_normal((tokens, SLOTS, hidden), dtype=np.float32) * sd
     h = (x.view(np.uint32) >> 16).astype(np.uint16)
     del x
     model = {"model": {"name": "bench", "hidden_size": hidden, "num_layers": 4}}
@@ -196,7 +196,12 @@ def verify_long(n: int, tokens: int, hidden: int, work: Path) -> dict:
     """n samples of production size in one set: `verify` in one process, then over 2 workers."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    row = {"samples": n, "tokens": tokens, "hidden": hidden, "build_s": round(build(work, n, 1, tokens, hidden), 1)}
+    row = {
+        "samples": n,
+        "tokens": tokens,
+        "hidden": hidden,
+        "build_s": round(build(work, n, 1, tokens, hidden, sd=0.05), 1),
+    }
     root = work / "job-0"
     m = json.loads((root / "manifest.json").read_text())["totals"]
     row["raw_MB"], row["stored_MB"] = round(m["raw_bytes"] / 1e6, 1), round(m["stored_bytes"] / 1e6, 1)

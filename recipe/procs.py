@@ -1,14 +1,17 @@
 """Process lifetimes: child processes that die with the recipe, however it dies (kill -9 included),
-and the recipe's own exit."""
+the recipe's own exit, and work spread over spawned processes."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+from concurrent.futures import ProcessPoolExecutor
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -45,3 +48,17 @@ def exit_without_teardown(code) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+@contextlib.contextmanager
+def in_order(fn, tasks: list[tuple], workers: int, setup, setup_args: tuple, here):
+    """fn(*task) for every task, results in task order, as each is ready: over up to `workers` spawned
+    processes, each prepared once by setup(*setup_args), or (one worker, one task) in this process,
+    with `here` as fn's last argument. Spawn, not fork: the caller may hold torch, threads and mapped
+    files, which a fork would copy."""
+    if workers > 1 and len(tasks) > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(tasks)), ctx, setup, setup_args) as pool:
+            yield pool.map(fn, *zip(*tasks))
+    else:
+        yield (fn(*task, here) for task in tasks)

@@ -121,6 +121,9 @@ def main(argv=None) -> int:
         return 2
 
 
+CORES = min(8, os.cpu_count() or 1)  # the default of every --workers
+
+
 def at_least_one(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -136,7 +139,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("inspect").add_argument("dir", type=Path)
     v = sub.add_parser("verify")
     v.add_argument(
-        "--workers", type=at_least_one, default=min(8, os.cpu_count() or 1),
+        "--workers", type=at_least_one, default=CORES,
         help="processes decoding records (default: the cores, at most 8); 1 decodes in this process",
     )  # fmt: skip
     v.add_argument("dir", type=Path)
@@ -153,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--gzip", action="store_true", help="specforge: data_i.ckpt.gz (its loader reads both)")
     e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
     e.add_argument(
-        "--workers", type=int, default=min(8, os.cpu_count() or 1),
+        "--workers", type=at_least_one, default=CORES,
         help="processes writing files (default: the cores, at most 8); 1 writes in this process",
     )  # fmt: skip
     e.add_argument("dir", type=Path)

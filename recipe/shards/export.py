@@ -21,19 +21,17 @@ speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset +
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..procs import in_order
 from .reader import ShardReader
 
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
@@ -305,13 +303,8 @@ def _write_samples(job: ExportJob, r: ShardReader, workers: int, log):
     rows, columns = [], {k: [] for k in ARROW_COLUMNS}
     t0 = last = time.monotonic()
     nbytes = done = 0
-    if workers > 1 and len(chunks) > 1:  # spawn: torch is in the parent, so no fork
-        ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(min(workers, len(chunks)), ctx, _open_worker_reader, (job.src,))
-        parts = pool.map(_write_range, *zip(*[(job, lo, hi) for lo, hi in chunks]))
-    else:
-        pool, parts = contextlib.nullcontext(), (_write_range(job, lo, hi, r) for lo, hi in chunks)
-    with pool:
+    tasks = [(job, lo, hi) for lo, hi in chunks]
+    with in_order(_write_range, tasks, workers, _open_worker_reader, (job.src,), r) as parts:
         for part in parts:  # in chunk order, as each finishes
             rows += part.rows
             for k, v in part.columns.items():

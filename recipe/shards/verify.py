@@ -9,17 +9,14 @@ runs that long.
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import units
 from ..errors import CorruptFile
+from ..procs import in_order
 from .codec import CorruptRecord, Recycler, decode
 from .reader import ShardReader, check_record
 from .repair import record_ends
@@ -88,16 +85,10 @@ def ranges(records: list[dict]) -> list[tuple[int, int]]:
 def record_problems(r: ShardReader, lost: frozenset, workers: int = 1, log=None) -> list[str]:
     """Every record outside a lost shard decoded (its checksum, its own id) and its shapes checked:
     in this process, or over `workers` spawned ones, each handed its ranges' index lines."""
-    spans = [r.records[lo:hi] for lo, hi in ranges(r.records)]
-    if workers > 1 and len(spans) > 1:  # spawn: a fork would copy this process's mappings and threads
-        ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(min(workers, len(spans)), ctx, _open_worker_reader, (str(r.root),))
-        parts = pool.map(check_range, spans, itertools.repeat(lost))
-    else:
-        pool, parts = contextlib.nullcontext(), (check_range(recs, lost, r) for recs in spans)
+    tasks = [(r.records[lo:hi], lost) for lo, hi in ranges(r.records)]
     progress = Progress(len(r), sum(x.get("raw_bytes", 0) for x in r.records), log)
     problems = []
-    with pool:
+    with in_order(check_range, tasks, workers, _open_worker_reader, (str(r.root),), r) as parts:
         for part in parts:  # in index order, as each finishes
             problems += part.problems
             progress.add(part)
