@@ -88,6 +88,18 @@ MUTATIONS = {
         "if x.strip()]",
         ["tests/test_sglang_backend.py::test_a_slow_start_is_reported_with_the_servers_latest_line"],
     ),
+    "server_log_tail_keeps_a_cut_line": (
+        "recipe/backends/sglang.py",
+        "return lines[1:] if start else lines",
+        "return lines",
+        ["tests/test_sglang_backend.py::test_the_servers_log_tail_never_starts_with_a_cut_line"],
+    ),
+    "server_wait_note_reads_a_few_polls_back": (
+        "recipe/backends/sglang.py",
+        "for x in self.log_lines() or ()",
+        "for x in self.log_lines(8192) or ()",
+        ["tests/test_sglang_backend.py::test_a_start_of_many_minutes_still_shows_the_line_before_its_polls"],
+    ),
     "one_zstd_context_for_every_thread": (
         "recipe/shards/codec.py",
         "_local = threading.local()",

@@ -243,6 +243,36 @@ def test_server_that_never_starts_fails_fast_with_its_log(tmp_path):
         run(cfg)
 
 
+def test_a_start_of_many_minutes_still_shows_the_line_before_its_polls(tmp_path, monkeypatch, caplog):
+    """On a fresh machine SGLang's last line of its own can be minutes old, under hundreds of our
+    readiness polls' access lines: the note shows it, not a poll line cut in half at the window."""
+    from recipe.backends.sglang import Server, ServerError
+
+    poll = '[2026-12-02 18:13:37] INFO:     127.0.0.1:37962 - "GET /health HTTP/1.1" 503 Service Unavailable'
+    script = (
+        "import time; print('Capturing batches', flush=True); "
+        f"print('\\n'.join([{poll!r}] * 300), flush=True); time.sleep(30)"  # ~29 KB of polls, 5 minutes' worth
+    )
+    srv = Server([sys.executable, "-c", script], None, tmp_path / "server.log", f"http://127.0.0.1:{free_port()}", 4)
+    monkeypatch.setattr(Server, "NOTE_EVERY_S", 0.5)
+    srv.start()
+    with caplog.at_level("INFO", logger="recipe.backends.sglang"), pytest.raises(ServerError, match="not ready"):
+        srv.wait_ready()
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for the server")]
+    assert len(notes) >= 2 and notes[-1].endswith("its log: Capturing batches")
+
+
+def test_the_servers_log_tail_never_starts_with_a_cut_line(tmp_path):
+    """The tail is read from a byte window; the window's first line began before it and is dropped
+    (a cut access line reads `T /health ... 503` and passes for the server's own)."""
+    from recipe.backends.sglang import Server
+
+    srv = Server([sys.executable, "-c", "pass"], None, tmp_path / "server.log", "http://127.0.0.1:1", 4)
+    (tmp_path / "server.log").write_text("first whole line\n" + "x" * 10 + ' - "GET /health" 503\nlast line\n')
+    assert srv.log_lines(len(' /health" 503\nlast line\n')) == ["last line"]
+    assert srv.log_lines()[0] == "first whole line"  # a window over the whole file keeps its first line
+
+
 def test_a_slow_start_is_reported_with_the_servers_latest_line(tmp_path, monkeypatch, caplog):
     """A start of many minutes (a large checkpoint's weights) says where it is, not only that it waits:
     the server's latest line, a progress bar's last update included, past the access lines of our own

@@ -272,19 +272,22 @@ class Server:
         return t
 
     def log_lines(self, nbytes: int = 1 << 18) -> list[str] | None:
-        """The log's last lines, from its last `nbytes` (a log of hours is not read whole); a progress
-        bar's \\r-separated updates count as lines. None: no log."""
+        """The log's last whole lines, from its last `nbytes` (a log of hours is not read whole); a
+        progress bar's \\r-separated updates count as lines. None: no log."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
-                return f.read().decode(errors="replace").splitlines()
+                start = max(0, f.seek(0, os.SEEK_END) - nbytes)
+                f.seek(start)
+                lines = f.read().decode(errors="replace").splitlines()
         except OSError:
             return None
+        return lines[1:] if start else lines  # the first began before the window: a cut line says nothing
 
     def last_log_line(self, limit: int = 160) -> str:
         """The server's latest line: where a start of many minutes is (imports, weights, KV pool, warm-up).
-        The access lines of our own readiness polls (`"GET /health ... 503`) say nothing about that."""
-        lines = [x.strip() for x in self.log_lines(8192) or () if x.strip() and '"GET /health' not in x]
+        The access lines of our own readiness polls (`"GET /health ... 503`, one a second) say nothing
+        about that; the window (256 KiB) holds 45 minutes of them, past any ready_timeout_s."""
+        lines = [x.strip() for x in self.log_lines() or () if x.strip() and '"GET /health' not in x]
         return lines[-1][:limit] if lines else ""
 
     def log_tail(self, n: int = 60) -> str:
