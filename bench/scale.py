@@ -3,7 +3,7 @@
     python bench/scale.py sets --sizes 10000,100000,1000000 --out scale.json    # 64 jobs merged, then each op
     python bench/scale.py long --tokens 131072 --hidden 2048 --out long.json    # one long sample: packer, reader
     python bench/scale.py huge --chars 20000000 --out huge.json                 # one huge record planned
-    python bench/scale.py verify --samples 160 --tokens 2048 --hidden 4096 --out v.json  # verify, 1 and 2 processes
+    python bench/scale.py verify --shapes 200000x16x8,160x2048x4096 --out v.json  # verify against sample size
 
 `sets`: N samples written as 64 job sets (the real ShardStore, index and records; small samples of
 16 tokens x 4 slots x hidden 8, so the index and the per-record work dominate, as in a set of 1M short
@@ -14,8 +14,11 @@ workers; a spawned child's figure includes its parent's image as forked, before 
 sample through the real packer (its worker process) and the reader; peak RSS against the sample's
 raw size. `huge`: one record whose reply is --chars characters of code-like words,
 planned (read, rendered, tokenized, cut to max_length 2048) by `recipe.data.build_plan` with the tiny
-byte tokenizer in a fresh process: time and peak RSS. `verify`: N samples of production size in one
-set, verified in a fresh process, in one process and over 2 workers: the decode, not the index, bounds it.
+byte tokenizer in a fresh process: time and peak RSS. `verify`: per shape SAMPLESxTOKENSxHIDDEN, one set
+of them verified in a fresh process, in one process and over 2 workers, beside `zstd_floor`: zstd alone
+decoding each record's compressed frame (its low plane is stored raw), nothing checked, timed after the
+index is read: what one frame per sample, which random access by id needs, costs at the least. `sets`
+measures that floor too.
 """
 
 from __future__ import annotations
@@ -79,6 +82,12 @@ OPS = {
     "inspect": "from recipe.shards.__main__ import inspect; inspect(Path(ROOT))",
     "verify": "from recipe.shards.verify import verify; assert verify(Path(ROOT)) == []",
     "verify_2_workers": "from recipe.shards.verify import verify; assert verify(Path(ROOT), workers=2) == []",
+    "zstd_floor": (
+        "import zstandard; from recipe.shards import ShardReader; r = ShardReader(ROOT); "
+        "d = zstandard.ZstdDecompressor(); frames = [r.read_frame(x) for x in r.records]; "
+        "t1 = time.perf_counter(); n = sum(len(d.decompress(f)) for f in frames); "  # frame A: its first frame
+        "extra = {'decode_s': round(time.perf_counter() - t1, 3)}"
+    ),
     "plan": (
         "from omegaconf import OmegaConf; from recipe import data; from recipe.schema import DataConfig; "
         "from recipe.tiny import make_tokenizer; "
@@ -92,15 +101,28 @@ OPS = {
 def measure(op: str, root: Path) -> dict:
     code = (
         "import json, resource, sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
-        f"ROOT = sys.argv[1]; t0 = time.perf_counter(); {OPS[op]}; "
+        f"ROOT = sys.argv[1]; extra = {{}}; t0 = time.perf_counter(); {OPS[op]}; "
         "print(json.dumps({'seconds': round(time.perf_counter() - t0, 3), "
         "'peak_rss_MB': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "
-        "'children_peak_rss_MB': round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}))"
+        "'children_peak_rss_MB': round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1), **extra}))"
     )
     r = subprocess.run([sys.executable, "-c", code, str(root), str(ROOT)], capture_output=True, text=True, cwd=ROOT)
     if r.returncode:
         raise SystemExit(f"{op}: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def raw_mb(n: int, tokens: int, hidden: int) -> float:
+    """n samples' raw MB: the states (bf16) and, per token, its id (int32) and mask byte."""
+    return round(n * (tokens * SLOTS * hidden * 2 + 5 * tokens) / 1e6, 1)
+
+
+def rates(row: dict) -> None:
+    """Raw MB/s of the verifies (their whole command) and of the zstd floor (its decode alone)."""
+    for op in ("verify", "verify_2_workers"):
+        row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
+    row["zstd_floor"]["raw_MB_per_s"] = round(row["raw_MB"] / row["zstd_floor"]["decode_s"], 1)
+    row["zstd_floor"]["us_per_record"] = round(row["zstd_floor"]["decode_s"] / row["samples"] * 1e6, 2)
 
 
 def sets(sizes: list[int], work: Path) -> list[dict]:
@@ -114,12 +136,11 @@ def sets(sizes: list[int], work: Path) -> list[dict]:
         t0 = time.perf_counter()
         merge(work / "merged", [work / f"job-{j}" for j in range(JOBS)])
         row = {"samples": n, "build_s": round(built, 1), "merge_64_jobs_s": round(time.perf_counter() - t0, 3)}
-        row["raw_MB"] = round(n * (T * SLOTS * H * 2 + 5 * T) / 1e6, 1)
+        row["raw_MB"] = raw_mb(n, T, H)
         row["index_MB"] = round((work / "merged" / "index.jsonl").stat().st_size / 1e6, 1)
-        for op in ("open", "resume_plan", "inspect", "verify", "verify_2_workers"):  # "plan": `huge`'s
+        for op in ("open", "resume_plan", "inspect", "verify", "verify_2_workers", "zstd_floor"):  # "plan": `huge`'s
             row[op] = measure(op, work / "merged")
-        for op in ("verify", "verify_2_workers"):
-            row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
+        rates(row)
         print(json.dumps(row), flush=True)
         rows.append(row)
     shutil.rmtree(work, ignore_errors=True)
@@ -192,8 +213,9 @@ def pack_one(tokens: int, hidden: int, work: str) -> int:
     return raw
 
 
-def verify_long(n: int, tokens: int, hidden: int, work: Path) -> dict:
-    """n samples of production size in one set: `verify` in one process, then over 2 workers."""
+def verify_shape(n: int, tokens: int, hidden: int, work: Path) -> dict:
+    """n samples of one shape in one set, states of N(0, 0.05) as bf16 (real activations' ratio): `verify`
+    in one process, then over 2 workers, then the zstd floor."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     row = {
@@ -203,11 +225,13 @@ def verify_long(n: int, tokens: int, hidden: int, work: Path) -> dict:
         "build_s": round(build(work, n, 1, tokens, hidden, sd=0.05), 1),
     }
     root = work / "job-0"
-    m = json.loads((root / "manifest.json").read_text())["totals"]
-    row["raw_MB"], row["stored_MB"] = round(m["raw_bytes"] / 1e6, 1), round(m["stored_bytes"] / 1e6, 1)
-    for op in ("verify", "verify_2_workers"):
+    stored = json.loads((root / "manifest.json").read_text())["totals"]["stored_bytes"]
+    row["raw_MB"], row["stored_MB"] = raw_mb(n, tokens, hidden), round(stored / 1e6, 1)
+    row["raw_KB_per_sample"] = round(row["raw_MB"] / n * 1e3, 1)
+    for op in ("verify", "verify_2_workers", "zstd_floor"):
         row[op] = measure(op, root)
-        row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
+    rates(row)
+    print(json.dumps(row), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     return row
 
@@ -226,7 +250,7 @@ def huge_record(chars: int, work: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["sets", "long", "huge", "verify"])
-    ap.add_argument("--samples", type=int, default=160)
+    ap.add_argument("--shapes", default="160x2048x4096", help="verify: SAMPLESxTOKENSxHIDDEN,...")
     ap.add_argument("--chars", type=int, default=20_000_000)
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--tokens", type=int, default=131072)
@@ -239,7 +263,8 @@ def main() -> int:
     elif a.what == "long":
         res = {"long": long_sample(a.tokens, a.hidden, a.work)}
     elif a.what == "verify":
-        res = {"verify": verify_long(a.samples, a.tokens, a.hidden, a.work)}
+        shapes = [[int(v) for v in x.split("x")] for x in a.shapes.split(",")]
+        res = {"verify": [verify_shape(n, t, h, a.work) for n, t, h in shapes]}
     else:
         res = {"huge": huge_record(a.chars, a.work)}
     res["machine"] = {"cpus": __import__("os").cpu_count(), "python": sys.version.split()[0]}
