@@ -17,8 +17,9 @@ planned (read, rendered, tokenized, cut to max_length 2048) by `recipe.data.buil
 byte tokenizer in a fresh process: time and peak RSS. `verify`: per shape SAMPLESxTOKENSxHIDDEN, one set
 of them verified in a fresh process, in one process and over 2 workers, beside `zstd_floor`: zstd alone
 decoding each record's compressed frame (its low plane is stored raw), nothing checked, timed after the
-index is read: what one frame per sample, which random access by id needs, costs at the least. `sets`
-measures that floor too.
+index is read: what one frame per sample, which random access by id needs, costs at the least; and
+`read_all`: the reader's decode of every sample, planes joined into words, timed after the open. `sets`
+measures the floor too.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ OPS = {
         "t1 = time.perf_counter(); n = sum(len(d.decompress(f)) for f in frames); "  # frame A: its first frame
         "extra = {'decode_s': round(time.perf_counter() - t1, 3)}"
     ),
+    "read_all": (  # the reader's decode of every sample (planes joined into words), after the open
+        "from recipe.shards import ShardReader; r = ShardReader(ROOT); ids = r.ids; "
+        "t1 = time.perf_counter(); n = sum(len(r.get_numpy(i)[1]) for i in ids); "
+        "extra = {'decode_s': round(time.perf_counter() - t1, 3)}"
+    ),
     "plan": (
         "from omegaconf import OmegaConf; from recipe import data; from recipe.schema import DataConfig; "
         "from recipe.tiny import make_tokenizer; "
@@ -121,8 +127,10 @@ def rates(row: dict) -> None:
     """Raw MB/s of the verifies (their whole command) and of the zstd floor (its decode alone)."""
     for op in ("verify", "verify_2_workers"):
         row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["seconds"], 1)
-    row["zstd_floor"]["raw_MB_per_s"] = round(row["raw_MB"] / row["zstd_floor"]["decode_s"], 1)
-    row["zstd_floor"]["us_per_record"] = round(row["zstd_floor"]["decode_s"] / row["samples"] * 1e6, 2)
+    for op in ("zstd_floor", "read_all"):
+        if op in row:
+            row[op]["raw_MB_per_s"] = round(row["raw_MB"] / row[op]["decode_s"], 1)
+            row[op]["us_per_record"] = round(row[op]["decode_s"] / row["samples"] * 1e6, 2)
 
 
 def sets(sizes: list[int], work: Path) -> list[dict]:
@@ -215,7 +223,7 @@ def pack_one(tokens: int, hidden: int, work: str) -> int:
 
 def verify_shape(n: int, tokens: int, hidden: int, work: Path) -> dict:
     """n samples of one shape in one set, states of N(0, 0.05) as bf16 (real activations' ratio): `verify`
-    in one process, then over 2 workers, then the zstd floor."""
+    in one process, then over 2 workers, then the zstd floor and the reader's decode of every sample."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     row = {
@@ -228,7 +236,7 @@ def verify_shape(n: int, tokens: int, hidden: int, work: Path) -> dict:
     stored = json.loads((root / "manifest.json").read_text())["totals"]["stored_bytes"]
     row["raw_MB"], row["stored_MB"] = raw_mb(n, tokens, hidden), round(stored / 1e6, 1)
     row["raw_KB_per_sample"] = round(row["raw_MB"] / n * 1e3, 1)
-    for op in ("verify", "verify_2_workers", "zstd_floor"):
+    for op in ("verify", "verify_2_workers", "zstd_floor", "read_all"):
         row[op] = measure(op, root)
     rates(row)
     print(json.dumps(row), flush=True)

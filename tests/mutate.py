@@ -262,7 +262,7 @@ MUTATIONS = {
     ),
     "verify_ignores_the_mask_length": (
         "recipe/shards/verify.py",
-        'or arrs["loss_mask"].shape[0] != rec["tokens"]',
+        'or shapes["loss_mask"][0] != rec["tokens"]',
         "",
         ["tests/test_guarantees.py::test_verify_names_a_loss_mask_whose_length_is_not_the_token_count"],
     ),
@@ -588,8 +588,8 @@ MUTATIONS = {
     ),
     "decode_buffer_shared_by_threads": (  # frame A's memory free for the next decode while still in use
         "recipe/shards/codec.py",
-        "        body = take(size, np.uint8)\n",
-        "        body = take(size, np.uint8)\n        recycler._give(body.base)\n",
+        "        header, body, off = _frame_a(frame, expected_crc, take)\n",
+        "        header, body, off = _frame_a(frame, expected_crc, take)\n        recycler._give(body.base)\n",
         ["tests/test_roundtrip.py::test_threads_sharing_one_reader_get_their_own_samples"],
     ),
     "pool_buffer_back_before_written": (  # the next pass's copy overwrites a pass still being written
@@ -672,10 +672,22 @@ MUTATIONS = {
             "test_a_forked_worker_decoding_into_recycled_memory_leaves_the_parents_samples_alone"
         ],
     ),
+    "verify_check_skips_frame_b": (  # verify passes a record whose low plane the reader refuses
+        "recipe/shards/codec.py",
+        '            _low_plane(frame, header, math.prod(tail["shape"]))',
+        "            pass",
+        ["tests/test_roundtrip.py::test_verify_refuses_every_record_the_reader_refuses"],
+    ),
+    "tensor_sizes_unchecked": (  # verify passes a record whose shape the reader cannot build
+        "recipe/shards/codec.py",
+        "    _check_sizes(header)\n    said = off",
+        "    said = off",
+        ["tests/test_roundtrip.py::test_verify_refuses_every_record_the_reader_refuses"],
+    ),
     "frame_a_size_unchecked": (  # a short frame A read on into the raw tail
         "recipe/shards/codec.py",
-        "        if said != size:  # zstd's reader would run on into frame B",
-        "        if False:",
+        "    if said != size:  # zstd's reader would run on into frame B",
+        "    if False:",
         ["tests/test_roundtrip.py::test_a_frame_a_that_disagrees_with_its_header_is_corrupt"],
     ),
     "int4_nibble_offset_off_by_one": (  # INT4 read back one step off: HF no longer the model SGLang serves

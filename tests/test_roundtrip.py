@@ -478,6 +478,63 @@ def test_a_frame_a_that_disagrees_with_its_header_is_corrupt():
     assert struct.unpack("<I", body[:4])[0] > 0
 
 
+def test_verify_refuses_every_record_the_reader_refuses():
+    """verify checks records with codec.check, which joins no planes into words: whatever the reader's
+    decode refuses, check refuses in the same words (the broken records here carry their own crc32,
+    as a packer's bug would write them), and a record decode reads, check passes with its header."""
+    import struct
+
+    import zstandard
+
+    from recipe.shards import codec
+
+    h = np.random.default_rng(3).integers(0, 1 << 16, (40, 4, 64), dtype=np.uint16)
+    ids = np.arange(40, dtype=np.int32)
+    good = Codec().encode({"id": "x"}, {"input_ids": ("int32", ids), "hidden": ("bfloat16", h)})
+    b0, n = len(good) - (13 + 3 + h.size), h.size  # frame B: one raw block of the low plane
+    body = zstandard.ZstdDecompressor().decompress(good)  # frame A's content
+    (hlen,) = struct.unpack("<I", body[:4])
+    header, rest = json.loads(body[4 : 4 + hlen]), body[4 + hlen :]
+
+    def frame_a(head: dict, content: bytes) -> bytes:
+        hb = json.dumps(head).encode()
+        return zstandard.ZstdCompressor(write_checksum=True).compress(struct.pack("<I", len(hb)) + hb + content)
+
+    def frame_b(low: bytes) -> bytes:
+        block = ((len(low) << 3) | 1).to_bytes(3, "little")  # one raw block, the last
+        return codec.ZSTD_MAGIC + b"\xe0" + struct.pack("<Q", len(low)) + block + low
+
+    flipped = bytearray(good)
+    flipped[b0 // 2] ^= 0xFF
+    broken = {
+        "a wrong crc32": (good, codec.crc32(good) ^ 1),
+        "a byte of frame A": bytes(flipped),
+        "frame B cut short": good[:-5],
+        "bytes after frame B": good + bytes(7),
+        "frame B's size field": good[: b0 + 5] + struct.pack("<Q", n - 1) + good[b0 + 13 :],
+        "another format version": frame_a({**header, "v": 9}, rest) + good[b0:],
+        "a low plane short of its tensor": frame_a({**header, "tail": n - 2}, rest + bytes(2)) + frame_b(good[-n:-2]),
+        "no zstd frame": bytes(64),
+        "a shape unlike its bytes": frame_a(
+            {**header, "tensors": [{**header["tensors"][0], "shape": [39]}, *header["tensors"][1:]]}, rest
+        )
+        + good[b0:],
+        "an unknown dtype": frame_a(
+            {**header, "tensors": [{**header["tensors"][0], "dtype": "int33"}, *header["tensors"][1:]]}, rest
+        )
+        + good[b0:],
+    }
+    meta, _ = codec.decode(good, codec.crc32(good))
+    assert codec.check(good, codec.crc32(good), codec.Recycler())["meta"] == meta == {"id": "x"}
+    for what, rec in broken.items():
+        rec, crc = rec if isinstance(rec, tuple) else (rec, codec.crc32(rec))
+        with pytest.raises(CorruptRecord) as read:
+            codec.decode(rec, crc, codec.Recycler())
+        with pytest.raises(CorruptRecord) as checked:
+            codec.check(rec, crc, codec.Recycler())
+        assert str(checked.value) == str(read.value), what
+
+
 @pytest.mark.parametrize("join", ["compiled", "numpy"])
 def test_both_plane_joins_give_the_stored_words(join, monkeypatch):
     """The reader joins planes in C where _join.c was built, with numpy otherwise: both must give the

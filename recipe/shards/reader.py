@@ -30,15 +30,16 @@ def to_torch(arr: np.ndarray, dtype: str):
     return torch.from_numpy(arr)
 
 
-def check_record(line: dict, meta: dict, arrs: dict) -> None:
-    """A record is the one its index line names: its own id, key and token count (a checksum only
-    says the bytes are intact, not that the line points at the right record)."""
+def check_record(line: dict, meta: dict, tokens: int) -> None:
+    """A record is the one its index line names: its own id, key and token count (`tokens`: its
+    input_ids' length; a checksum only says the bytes are intact, not that the line points at the
+    right record)."""
     if meta.get("id") != line["id"]:
         raise CorruptRecord(f"the index line says id {line['id']}, the record holds {meta.get('id')}")
     if "key" in meta and "key" in line and meta["key"] != line["key"]:
         raise CorruptRecord(f"the index line says key {line['key']}, the record holds {meta['key']}")
-    if "tokens" in line and len(arrs["input_ids"]) != line["tokens"]:
-        raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {len(arrs['input_ids'])}")
+    if "tokens" in line and tokens != line["tokens"]:
+        raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {tokens}")
 
 
 class ShardReader:
@@ -122,7 +123,7 @@ class ShardReader:
         try:
             frame = self.read_frame(rec)
             meta, arrs = decode(frame, rec["crc32"], self._recycler, self._release(rec))
-            check_record(rec, meta, arrs)
+            check_record(rec, meta, len(arrs["input_ids"]))
             return meta, arrs
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None

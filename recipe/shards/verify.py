@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import units
 from ..errors import CorruptFile
 from ..procs import in_order
-from .codec import CorruptRecord, Recycler, decode
+from .codec import CorruptRecord, Recycler, check
 from .reader import ShardReader, check_record
 from .repair import record_ends
 from .store import SHARD_DIR, read_identity
@@ -83,7 +83,8 @@ def ranges(records: list[dict]) -> list[tuple[int, int]]:
 
 
 def record_problems(r: ShardReader, lost: frozenset, workers: int = 1, log=None) -> list[str]:
-    """Every record outside a lost shard decoded (its checksum, its own id) and its shapes checked:
+    """Every record outside a lost shard checked as the reader decodes it (its checksum, frames, its
+    own id) and its shapes against the manifest:
     in this process, or over `workers` spawned ones, each handed its ranges' index lines."""
     tasks = [(r.records[lo:hi], lost) for lo, hi in ranges(r.records)]
     progress = Progress(len(r), sum(x.get("raw_bytes", 0) for x in r.records), log)
@@ -113,18 +114,17 @@ def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None)
         where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
         if rec["shard"] in lost:
             continue
-        try:
-            meta, arrs = decode(r.read_frame(rec), rec["crc32"], recycler)
-            check_record(rec, meta, arrs)
+        try:  # what the reader's decode refuses, without joining the planes into words
+            header = check(r.read_frame(rec), rec["crc32"], recycler)
+            shapes = {t["name"]: tuple(t["shape"]) for t in header["tensors"]}
+            check_record(rec, header["meta"], shapes["input_ids"][0])
         except (CorruptRecord, OSError) as e:
             problems.append(f"{where}: {e}")
             continue
-        h = arrs.get("hidden")
-        if h is None or h.shape != (rec["tokens"], slots, hidden):
-            problems.append(
-                f"{where}: hidden shape {None if h is None else h.shape}, expected {(rec['tokens'], slots, hidden)}"
-            )
-        elif arrs["input_ids"].shape[0] != rec["tokens"] or arrs["loss_mask"].shape[0] != rec["tokens"]:
+        h = shapes.get("hidden")
+        if h != (rec["tokens"], slots, hidden):
+            problems.append(f"{where}: hidden shape {h}, expected {(rec['tokens'], slots, hidden)}")
+        elif shapes["input_ids"][0] != rec["tokens"] or shapes["loss_mask"][0] != rec["tokens"]:
             problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
     for shard in {rec["shard"] for rec in recs}:  # its pages, read through, need not stay in this process
         r.let_go(shard)
