@@ -683,8 +683,9 @@ def test_a_resume_never_appends_to_a_shard_whose_tail_it_left_alone(tmp_path):
 
 
 def test_an_index_line_is_json_exactly_as_json_reads_it(tmp_path):
-    """The fast parse of index lines reads what json.loads reads (a line with spaces around it) and
-    refuses what it refuses (garbage after a record, bytes that are not UTF-8), naming the line."""
+    """The fast parse of index lines (the whole file as one JSON array) reads what json.loads reads
+    line by line (a line with spaces around it, a blank line skipped) and refuses what it refuses
+    (garbage after a record, two records on one line, bytes that are not UTF-8), naming the line."""
     from recipe.errors import CorruptFile
     from recipe.shards.store import read_index
 
@@ -692,7 +693,9 @@ def test_an_index_line_is_json_exactly_as_json_reads_it(tmp_path):
     lines = [json.dumps(r).encode() for r in good]
     (tmp_path / "index.jsonl").write_bytes(b"\n".join([lines[0], b"  " + lines[1] + b" ", lines[2]]) + b"\n")
     assert read_index(tmp_path) == good
-    for bad in (lines[1] + b'{"id": "x"}', lines[1][:-1] + b', "s": "\xff"}'):
+    (tmp_path / "index.jsonl").write_bytes(b"\n".join([lines[0], b"", lines[1], lines[2]]) + b"\n")
+    assert read_index(tmp_path) == good
+    for bad in (lines[1] + b'{"id": "x"}', lines[1] + b', {"id": "x"}', lines[1][:-1] + b', "s": "\xff"}'):
         (tmp_path / "index.jsonl").write_bytes(b"\n".join([lines[0], bad, lines[2]]) + b"\n")
         with pytest.raises(CorruptFile, match=r"index.jsonl: line 2 is not JSON.*rebuild-index"):
             read_index(tmp_path)
