@@ -393,7 +393,8 @@ def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = N
 def check(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> dict:
     """What decode() refuses, refused, without building the arrays -> the record's header: its crc32,
     frame A decoded whole (zstd's own checksum, the size its header states) and frame B's blocks and
-    size. verify's check: the planes are not joined into words (1.4x on 67 KB samples)."""
+    size. verify's check: the planes are not joined into words, which only a reader needs
+    (docs/benchmarks.md, verify against the reader's decode)."""
     with _as_corrupt():
         header = _frame_a(frame, expected_crc, recycler.take if recycler is not None else np.empty)[0]
         tail = _tail_tensor(header)
