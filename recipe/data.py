@@ -123,16 +123,54 @@ def open_text_lines(path: Path):
     return open(path, "rb")
 
 
-def json_array(f) -> list | None:
-    """The records of a file that holds one JSON array (`[{...}, {...}]`), else None (JSON lines)."""
-    head = f.peek(64)[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not head.startswith(b"["):
-        return None
+def json_array(path: Path) -> list | None:
+    """The records of a file that holds one JSON array (`[{...}, {...}]`), else None: read as JSON
+    lines, each line a record or a counted failure (a JSONL file whose first line is an array, or an
+    array cut short or with a trailing comma, is then counted line by line, never read as empty)."""
+    with open_text_lines(path) as f:
+        head = f.peek(64)[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
+        if not head.startswith(b"["):
+            return None
+        try:
+            text = f.read().decode("utf-8").lstrip("\ufeff")
+        except UnicodeDecodeError:
+            return None
     try:
-        data = json.loads(f.read().decode("utf-8").lstrip("\ufeff"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return None  # not one array after all: read as lines, each counted
+        data = json.loads(text)
+    except RecursionError:
+        return None
+    except json.JSONDecodeError:
+        return open_array(text)
     return data if isinstance(data, list) else None
+
+
+def open_array(text: str) -> list | None:
+    """A JSON array that never closes (cut short) or has a trailing comma: its whole elements, then
+    one BadRecord for what follows the last of them; None where the array closes and more follows
+    (a JSONL file whose first line is an array), which is read line by line."""
+    i, out, dec = text.index("[") + 1, [], json.JSONDecoder()
+
+    def skip(i: int) -> int:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    while True:
+        i = skip(i)
+        if i < len(text) and text[i] == "]":
+            return out if skip(i + 1) == len(text) else None
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except (json.JSONDecodeError, RecursionError) as e:
+            return out + [
+                BadRecord("invalid_json", f"the array is cut short or malformed after {len(out)} records: {e}")
+            ]
+        out.append(obj)
+        i = skip(i)
+        if i < len(text) and text[i] == ",":
+            i += 1
+        elif i >= len(text) or text[i] != "]":
+            return out + [BadRecord("invalid_json", f"the array is cut short after {len(out)} records")]
 
 
 def iter_records(path: Path, name: str | None = None):
@@ -150,12 +188,12 @@ def iter_records(path: Path, name: str | None = None):
         for i, row in enumerate(ds):
             yield f"{name}:{i}", row
         return
+    records = json_array(path)
+    if records is not None:
+        for n, rec in enumerate(records, 1):
+            yield f"{name}[{n - 1}]", rec
+        return
     with open_text_lines(path) as f:
-        records = json_array(f)
-        if records is not None:
-            for n, rec in enumerate(records, 1):
-                yield f"{name}[{n - 1}]", rec
-            return
         for n, raw in enumerate(f, 1):
             where = f"{name}:{n}"
             if not raw.strip():
@@ -179,16 +217,7 @@ def to_messages(rec) -> list[dict]:
         msgs = rec["messages"]
         if not isinstance(msgs, list):
             raise BadRecord("bad_field_type", "messages is not a list")
-        out = []
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
-            if m["role"].lower() not in ROLES:
-                raise BadRecord("unknown_role", m["role"])
-            msg = {"role": m["role"].lower(), "content": m["content"]}
-            if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
-                msg["reasoning_content"] = m["reasoning_content"]  # thinking models' templates render it
-            out.append(msg)
+        out = [openai_message(m) for m in msgs]
     elif "conversations" in rec:
         conv = rec["conversations"]
         if not isinstance(conv, list):
@@ -213,7 +242,7 @@ def to_messages(rec) -> list[dict]:
         raise BadRecord("missing_field", f"no messages/conversations/prompt (keys: {sorted(rec)[:6]})")
     if not out:
         raise BadRecord("empty_conversation")
-    if not any(m["role"] == "assistant" and m["content"] for m in out):
+    if not any(m["role"] == "assistant" and (m["content"] or m.get("tool_calls")) for m in out):
         raise BadRecord("no_assistant_turn")
     for m in out:  # valid JSON can hold lone surrogates ("\ud800"), which no tokenizer can encode
         try:
@@ -223,12 +252,63 @@ def to_messages(rec) -> list[dict]:
     return out
 
 
-def sample_id(messages: list[dict]) -> str:
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")  # passed to the template as the OpenAI form has them
+
+
+def openai_message(m) -> dict:
+    """One message of the `messages` form, checked. An assistant turn may carry `tool_calls` with
+    `content` null or empty (the OpenAI form): the template renders the call, and that is what the
+    draft trains on (see template_renders)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
+    calls = m.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise BadRecord("bad_field_type", "tool_calls is not a list of objects")
+    content = m.get("content")
+    if content is None and calls:
+        content = ""
+    if not isinstance(content, str):
+        raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
+    if m["role"].lower() not in ROLES:
+        raise BadRecord("unknown_role", m["role"])
+    msg = {"role": m["role"].lower(), "content": content}
+    if isinstance(m.get("reasoning_content"), str) and m["reasoning_content"]:
+        msg["reasoning_content"] = m["reasoning_content"]  # thinking models' templates render it
+    for k in TOOL_KEYS:
+        if m.get(k):
+            msg[k] = m[k]
+    return msg
+
+
+def record_tools(rec) -> list | None:
+    """A record's `tools` (function schemas the template renders into the prompt), or None."""
+    tools = rec.get("tools") if isinstance(rec, dict) else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise BadRecord("bad_field_type", "tools is not a list of objects")
+    return tools or None
+
+
+def template_renders(tokenizer, msgs: list[dict], tools, kwargs: dict) -> None:
+    """A conversation with tool calls or tools is trained on only where the chat template renders
+    them: a template that drops them would train the draft on a turn without its call."""
+    with_tools = {**kwargs, "tools": tools} if tools else kwargs
+    full = render(tokenizer, msgs, False, with_tools)
+    if any("tool_calls" in m for m in msgs):
+        no_calls = [{k: v for k, v in m.items() if k != "tool_calls"} for m in msgs]
+        if render(tokenizer, no_calls, False, with_tools) == full:
+            raise BadRecord("template_drops_tool_calls", "this model's chat template does not render tool_calls")
+    if tools and render(tokenizer, msgs, False, kwargs) == full:
+        raise BadRecord("template_drops_tools", "this model's chat template does not render tools")
+
+
+def sample_id(messages: list[dict], tools=None) -> str:
     canon = json.dumps(
-        [[m["role"], m["content"]] + ([m["reasoning_content"]] if "reasoning_content" in m else []) for m in messages],
+        [[m["role"], m["content"]] + ([m["reasoning_content"]] if "reasoning_content" in m else [])
+         + [[k, m[k]] for k in TOOL_KEYS if k in m] for m in messages] + ([["tools", tools]] if tools else []),
         ensure_ascii=False,
         separators=(",", ":"),
-    )
+        sort_keys=True,
+    )  # fmt: skip
     return hashlib.sha256(canon.encode()).hexdigest()[:24]
 
 
@@ -378,14 +458,18 @@ def cut_messages(msgs: list[dict], budget: int) -> tuple[list[dict], bool]:
     return out, False
 
 
-def tokenize_within(tokenizer, msgs: list[dict], data_cfg) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_within(tokenizer, msgs: list[dict], data_cfg, tools=None) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and loss mask whose first max_length tokens equal the whole conversation's, without
-    tokenizing text that cannot reach them."""
+    tokenizing text that cannot reach them. `tools`: the record's, rendered by the template."""
     short, cut = cut_messages(msgs, int((data_cfg.max_length + CUT_MARGIN) * CHARS_PER_TOKEN_BOUND))
+    kwargs = dict(data_cfg.chat_template_kwargs or {})
     try:
-        ids, mask = tokenize(tokenizer, short, data_cfg.chat_template_kwargs)
+        if tools or any("tool_calls" in m for m in msgs):
+            template_renders(tokenizer, msgs, tools, kwargs)
+            kwargs = {**kwargs, "tools": tools} if tools else kwargs
+        ids, mask = tokenize(tokenizer, short, kwargs)
         if cut and len(ids) <= data_cfg.max_length + CUT_MARGIN:  # unusually long tokens: the whole text
-            ids, mask = tokenize(tokenizer, msgs, data_cfg.chat_template_kwargs)
+            ids, mask = tokenize(tokenizer, msgs, kwargs)
     except BadRecord:
         raise
     except Exception as e:  # a template that cannot render this conversation
@@ -397,11 +481,11 @@ def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: 
     """One record as a Sample, or the BadRecord that says why it is skipped."""
     if isinstance(rec, BadRecord):
         raise rec
-    msgs = to_messages(rec)
-    sid = sample_id(msgs)
+    msgs, tools = to_messages(rec), record_tools(rec)
+    sid = sample_id(msgs, tools)
     if sid in seen_ids:
         raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
-    ids, mask = tokenize_within(tokenizer, msgs, data_cfg)
+    ids, mask = tokenize_within(tokenizer, msgs, data_cfg, tools)
     truncated = len(ids) > data_cfg.max_length
     if truncated:
         if data_cfg.overflow == "skip":

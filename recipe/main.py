@@ -121,6 +121,7 @@ def plan(cfg) -> Job:
     )
     with contextlib.ExitStack() as on_error:
         on_error.callback(store.close)
+        store.settle(the_plan.samples)
         log_repairs(store)
         todo = [s for s in the_plan.samples if s.key not in store.keys]
         log.info(
@@ -159,6 +160,11 @@ def log_repairs(store: ShardStore) -> None:
     """What opening the set for a resume cut, left alone or dropped (then redone)."""
     for name, dropped in store.repaired:
         log.warning("resume: cut %d uncommitted bytes from %s", dropped, name)
+    if store.recovered:
+        log.warning("resume: %d whole records the index did not name were indexed again from the shards",
+                    len(store.recovered))  # fmt: skip
+    for sid, why in store.reindexed[:5]:
+        log.warning("resume: the index line of %s was rewritten from its record (%s)", sid, why)
     for name, why in store.left:
         log.warning("resume: %s left as it is (%s); new samples go to new shards", name, why)
     if store.lost:

@@ -32,7 +32,7 @@ class ModelConfig:
     hidden_size: Optional[int] = None  # null: likewise; a value given here is checked against config.json
     trust_remote_code: bool = False  # the tokenizer's own code from the model folder (Kimi's tiktoken class)
     default_layers: List[int] = MISSING  # EAGLE-3 low/mid/high, in the residual_in convention
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # the only one the shard format holds (schema.validate refuses others)
 
 
 class BackendName(str, Enum):
@@ -202,6 +202,11 @@ def validate(cfg) -> None:
         (cl.timeout_s > 0, f"client.timeout_s={cl.timeout_s} must be > 0"),
         (1 <= srv.port <= 65535, f"server.port={srv.port} must be in 1..65535"),
         (cfg.log_every_s > 0, f"log_every_s={cfg.log_every_s} must be > 0"),
+        (
+            cfg.model.dtype == "bfloat16",
+            f"model.dtype={cfg.model.dtype}: shards hold bfloat16 activations only (the format and every "
+            "reader assume it); leave model.dtype out",
+        ),
     ]
     for ok, msg in checks:
         if not ok:

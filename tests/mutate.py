@@ -280,25 +280,123 @@ MUTATIONS = {
     ),
     "resume_cuts_what_it_cannot_prove": (
         "recipe/shards/repair.py",
-        "if first in indexed and indexed[first] != (f.name, want):",
-        "if False:",
-        ["tests/test_integrity.py::test_swapped_or_renamed_shards_are_never_cut_and_their_samples_are_redone"],
+        "    if framing.torn(w.m, at):\n        return at, None\n",
+        "    if True:\n        return at, None\n",
+        [
+            "tests/test_integrity.py::test_a_resume_never_appends_to_a_shard_whose_tail_it_left_alone",
+            "tests/test_ownership.py::test_verify_says_what_garbage_after_a_shard_is_and_the_resume_leaves_it",
+        ],
+    ),
+    "resume_indexes_a_damaged_copy": (
+        "recipe/shards/repair.py",
+        """            if rid in named and line["crc32"] not in named[rid]:\n""",
+        "            if False:\n",
+        ["tests/test_integrity.py::test_a_flipped_byte_is_found_by_a_deep_resume_and_redone"],
+    ),
+    "resume_cuts_whole_records_the_index_lost": (
+        "recipe/shards/repair.py",
+        "            kept.append(line)\n            ids.add(rid)\n",
+        "            continue\n",
+        ["tests/test_ownership.py::test_a_lost_index_is_rebuilt_from_the_shards_before_any_resume_decision"],
+    ),
+    "export_over_its_own_set": (
+        "recipe/shards/export.py",
+        "    refuse_alias(out, [r.root], ExportError)\n",
+        "",
+        ["tests/test_ownership.py::test_an_export_never_writes_over_its_own_set"],
+    ),
+    "merge_replaces_a_file_in_its_output": (
+        "recipe/shards/merge.py",
+        "    if dst.exists() or dst.is_symlink():\n",
+        "    if False:\n",
+        ["tests/test_ownership.py::test_a_merge_again_into_an_interrupted_merge_never_writes_into_its_inputs"],
+    ),
+    "reader_serves_a_shortened_index": (
+        "recipe/shards/reader.py",
+        "            refuse_a_lost_index(self.root, self.records, self.manifest)\n",
+        "            pass\n",
+        ["tests/test_ownership.py::test_a_lost_index_is_rebuilt_from_the_shards_before_any_resume_decision"],
+    ),
+    "resume_drops_a_doubtful_shard_whole": (
+        "recipe/shards/repair.py",
+        "        x = r if w is None else w.keep.get(id(r))\n",
+        "        x = r if w is None else None\n",
+        ["tests/test_ownership.py::test_one_damaged_record_at_a_shards_start_or_end_costs_at_most_that_record"],
+    ),
+    "fp16_stored_as_bf16": (
+        "recipe/schema.py",
+        '            cfg.model.dtype == "bfloat16",\n',
+        "            True,\n",
+        [
+            "tests/test_ownership.py::test_a_dtype_the_format_does_not_hold_is_refused_before_the_output_folder_is_opened"
+        ],
+    ),
+    "writes_through_a_linked_folder": (
+        "recipe/shards/store.py",
+        "        refuse_links(self.root)\n",
+        "",
+        ["tests/test_ownership.py::test_nothing_is_written_through_a_symbolic_link"],
+    ),
+    "open_array_read_as_lines": (
+        "recipe/data.py",
+        "        return open_array(text)\n",
+        "        return None\n",
+        ["tests/test_ownership.py::test_every_record_is_a_sample_or_a_counted_skip_whatever_the_first_bytes"],
+    ),
+    "lost_identity_checks_the_old_keys_only": (
+        "recipe/shards/store.py",
+        "        keys = list(saved) if isinstance(saved, dict) else PROVENANCE_KEYS\n",
+        "        keys = PROVENANCE_KEYS\n",
+        ["tests/test_ownership.py::test_a_lost_identity_never_lets_other_settings_in"],
+    ),
+    "reader_trusts_an_edited_manifest_capture": (
+        "recipe/shards/reader.py",
+        """    if ident is not None and isinstance(ident.get("capture"), dict) and ident["capture"] != m["capture"]:""",
+        "    if False:",
+        ["tests/test_ownership.py::test_the_records_own_slots_outrank_an_edited_manifest"],
+    ),
+    "index_line_shapes_unchecked": (
+        "recipe/shards/store.py",
+        "            why = repair_mod.line_problem(r)\n",
+        "            why = None\n",
+        ["tests/test_ownership.py::test_a_malformed_index_line_is_one_line_everywhere_and_a_resume_mends_it"],
+    ),
+    "edited_key_not_settled": (
+        "recipe/main.py",
+        "        store.settle(the_plan.samples)\n",
+        "",
+        ["tests/test_ownership.py::test_an_edited_index_field_is_mended_from_the_record"],
+    ),
+    "merge_accepts_a_damaged_input": (
+        "recipe/shards/merge.py",
+        "        problem = damaged(Path(d))\n",
+        "        problem = None\n",
+        ["tests/test_ownership.py::test_merge_refuses_a_damaged_input_and_verify_names_the_merged_sets_own_fix"],
+    ),
+    "tool_calls_dropped_by_the_template": (
+        "recipe/data.py",
+        "            template_renders(tokenizer, msgs, tools, kwargs)\n",
+        "",
+        ["tests/test_ownership.py::test_tool_calls_train_on_what_the_template_renders_or_are_refused_saying_why"],
     ),
     "resume_trusts_the_index_place": (
         "recipe/shards/repair.py",
-        """if header["meta"].get("id") != rec["id"]:""",
-        "if False:",
+        (
+            """return header["meta"].get("id") == r["id"] and header["meta"].get("key", r["key"]) == r["key"]""",
+            "if same and not deep:",
+        ),
+        ("return True", "if not deep:"),
         ["tests/test_integrity.py::test_a_resume_drops_lines_whose_place_holds_another_sample"],
     ),
     "resume_keeps_duplicate_lines": (
         "recipe/shards/repair.py",
-        """        if r["id"] in seen:\n""",
+        """        if x["id"] in seen:\n""",
         "        if False:\n",
         ["tests/test_integrity.py::test_a_resume_repairs_a_line_listed_twice"],
     ),
     "deep_check_skips_the_crc": (
         "recipe/shards/repair.py",
-        """if deep and crc32(frame) != rec["crc32"]:""",
+        """if framing.crc_of(self.m, r["offset"], length) != r["crc32"]:""",
         "if False:",
         ["tests/test_integrity.py::test_a_flipped_byte_is_found_by_a_deep_resume_and_redone"],
     ),
@@ -380,8 +478,8 @@ MUTATIONS = {
     ),
     "damaged_next_trusted": (
         "recipe/shards/store.py",
-        "read_owned(nxt, int, fix) if nxt.exists() else 0",
-        "int(nxt.read_text()) if nxt.exists() else 0",
+        "return read_owned(nxt, int, fix) if nxt.exists() else 0",
+        "return int(nxt.read_text()) if nxt.exists() else 0",
         ["tests/test_integrity.py::test_a_damaged_file_the_recipe_owns_is_one_line_naming_the_file_and_the_fix"],
     ),
     "reader_trusts_the_index_line": (
@@ -452,9 +550,11 @@ MUTATIONS = {
     ),
     "tail_not_truncated": (
         "recipe/shards/store.py",
-        "            fh.truncate(at)\n",
+        "            os.ftruncate(fd, at)\n",
         "            pass\n",
-        ["tests/test_guarantees.py::test_a_crash_between_append_and_commit_is_cut_back_on_reopen"],
+        [
+            "tests/test_guarantees.py::test_a_crash_between_append_and_commit_keeps_the_whole_record_and_cuts_the_torn_one"
+        ],
     ),
     "ids_snapshot_removed": (
         "recipe/capture/sglang_hook.py",
@@ -491,14 +591,14 @@ MUTATIONS = {
     ),
     "shard_name_by_count": (
         "recipe/shards/store.py",
-        "n = max(shard_number(names[-1]) + 1 if names else 0, read_owned(nxt, int, fix) if nxt.exists() else 0)",
+        "n = max(shard_number(names[-1]) + 1 if names else 0, self.next_number())",
         "n = len(list((self.root / SHARD_DIR).glob('shard-*.bin')))",
         ["tests/test_integrity.py::test_a_deleted_or_truncated_shard_is_named_by_verify_and_redone_by_resume"],
     ),
     "identity_not_checked": (
         "recipe/shards/store.py",
-        "    diff = identity_diff(old, identity)\n    if diff:",
-        "    diff = identity_diff(old, identity)\n    if False:",
+        "        diff = identity_diff(old, identity)\n        if diff:",
+        "        diff = identity_diff(old, identity)\n        if False:",
         ["tests/test_integrity.py::test_a_resume_with_another_configuration_is_refused_even_without_a_manifest"],
     ),
     "duplicate_id_accepted": (

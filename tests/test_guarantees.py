@@ -125,7 +125,8 @@ def test_verify_names_a_loss_mask_whose_length_is_not_the_token_count(tmp_path):
         {"input_ids": ("int32", np.arange(5, dtype=np.int32)), "loss_mask": ("uint8", np.ones(4, np.uint8)),
          "hidden": ("bfloat16", h)},
     )  # fmt: skip
-    store = AppendingStore(tmp_path, {**IDENTITY, "capture": {"slots": ["a", "b"]}}, {"model": {"hidden_size": 8}})
+    capture, model = {"slots": ["a", "b"], "layers": [1], "final": True}, {"name": "t", "path": "t", "hidden_size": 8}
+    store = AppendingStore(tmp_path, {**IDENTITY, "capture": capture}, {"model": model})
     store.append("m", "k", frame, tokens=5, raw_bytes=h.nbytes)
     store.commit()
     store.write_manifest({})
@@ -228,29 +229,43 @@ def record(sid: str, n: int = 64) -> bytes:
     return Codec(entropy_only=True).encode({"id": sid}, {"hidden": ("bfloat16", h)})
 
 
-def test_a_crash_between_append_and_commit_is_cut_back_on_reopen(tmp_path):
+def sample_record(sid: str, key: str, n: int = 40) -> bytes:
+    from recipe.shards.codec import Codec
+
+    tensors = {"input_ids": ("int32", np.arange(n, dtype=np.int32)), "loss_mask": ("uint8", np.ones(n, np.uint8)),
+               "hidden": ("bfloat16", np.arange(n * 2 * 8, dtype=np.uint16).reshape(n, 2, 8))}  # fmt: skip
+    return Codec(entropy_only=True).encode({"id": sid, "key": key}, tensors)
+
+
+def test_a_crash_between_append_and_commit_keeps_the_whole_record_and_cuts_the_torn_one(tmp_path):
+    """kill -9 after appends the index never named: a whole record there is indexed from itself on
+    reopen (nothing is redone that is already on disk); the torn one after it is cut, and only it."""
     store = AppendingStore(tmp_path / "out", IDENTITY)
-    a, b = record("a"), record("b", 500)
-    store.append("a", "ka", a, 1, 1)
+    a, b, c = sample_record("a", "ka"), sample_record("b", "kb", 500), sample_record("c", "kc", 300)
+    store.append("a", "ka", a, 40, 1)
     store.commit()
-    store.append("b", "kb", b, 1, 1)
+    store.append("b", "kb", b, 500, 1)
+    store._shard.write(c[: len(c) // 2])
     store._shard.flush()  # the bytes reached the file, the index never named them: then kill -9
     shard = store._shard_path
-    assert shard.stat().st_size == len(a) + len(b)
+    assert shard.stat().st_size == len(a) + len(b) + len(c) // 2
     store._lock.close()  # the process is gone: its lock with it
     again = ShardStore(tmp_path / "out", IDENTITY)
-    assert shard.stat().st_size == len(a) and again.repaired == [(shard.name, len(b))]
-    assert [r["id"] for r in again.records] == ["a"] and "kb" not in again.keys
+    assert shard.stat().st_size == len(a) + len(b) and again.repaired == [(shard.name, len(c) // 2)]
+    assert [r["id"] for r in again.records] == ["a", "b"] and "kb" in again.keys and "kc" not in again.keys
     again.close()
 
 
-def test_a_torn_index_line_is_dropped_and_its_sample_redone(tmp_path):
+def test_a_torn_index_line_is_dropped_and_its_record_indexed_again_from_the_shard(tmp_path):
+    """The crash tore the line's append: its record, fsynced before it, is whole in the shard and
+    inside the bytes the manifest counts, so the resume indexes it from itself rather than redo it."""
     run(cfg(tmp_path, limit=4))
     out = tmp_path / "out"
     raw = (out / INDEX).read_bytes()
     (out / INDEX).write_bytes(raw[: raw.rstrip(b"\n").rfind(b"\n") + 1] + raw.splitlines()[-1][:17])  # torn
     counts = run(cfg(tmp_path, limit=4))
-    assert counts["already_stored"] == 3 and counts["ok_this_run"] == 1
+    assert counts["already_stored"] == 4 and counts["ok_this_run"] == 0
+    assert (out / INDEX).read_bytes() == raw
     assert verify(out) == [] and len(ShardReader(out)) == 4
 
 

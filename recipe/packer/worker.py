@@ -14,6 +14,7 @@ import numpy as np
 from ..capture import records
 from ..procs import die_with_parent
 from ..shards.codec import Codec, RecordWriter, crc32
+from ..shards.store import open_owned
 from .checks import PlaneCheck, validate
 from .messages import DiskError, Packed, PackTask, Refused, WorkerBug
 
@@ -139,7 +140,7 @@ def worker_main(inbox, outbox, codec: Codec, parent: int, sync: bool = True) -> 
                 if fd is not None:
                     os.close(fd)
                 path = task.shard
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fd = open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 size = os.fstat(fd).st_size
             out = ShardAppender(fd)
             res = pack(task, codec, out)

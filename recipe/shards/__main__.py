@@ -4,6 +4,7 @@ inspect DIR                       summary: counts, sizes, ratio, provenance
 verify DIR [--workers N]          every checksum, frame and count; exit 1 on any problem
 export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT] [--workers N]
 merge OUT IN [IN ...]             one index + manifest over several shard sets
+repair DIR [--fast]               the index made to agree with the shards (nothing committed is cut)
 rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
 """
 
@@ -21,26 +22,26 @@ import zstandard
 from ..errors import NotAShardSet, UserError, disk_full
 from .codec import crc32, decode, tail_frame_follows
 from .reader import ShardReader
-from .store import SHARD_DIR, index_lines
+from .store import SHARD_DIR, index_lines, summarize
 from .verify import verify
 
 
 def inspect(root: Path) -> dict:
     r = ShardReader(root)
     m = r.manifest
-    t = m["totals"]
+    t = summarize(r.records)["totals"]  # the index's own figures, not the manifest's copy of them
     info = {
         "dir": str(root),
-        "format": m["format"],
-        "model": m["model"]["name"],
-        "capture": m["capture"]["slots"],
-        "convention": m["capture"]["convention"],
+        "format": m.get("format"),
+        "model": (m.get("model") or {}).get("name"),
+        "capture": r.slots,
+        "convention": m["capture"].get("convention"),
         "samples": len(r),
         "tokens": t["tokens"],
         "stored_gb": round(t["stored_bytes"] / 1e9, 4),
         "raw_gb": round(t["raw_bytes"] / 1e9, 4),
         "ratio": round(t["raw_bytes"] / t["stored_bytes"], 4) if t["stored_bytes"] else None,
-        "shards": len(m["shards"]),
+        "shards": len({x["shard"] for x in r.records}),
         "counts": m.get("counts"),
         "codec": m.get("codec"),
         "versions": m.get("versions"),
@@ -161,6 +162,11 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     e.add_argument("dir", type=Path)
     e.add_argument("out", type=Path)
+    rp = sub.add_parser("repair")
+    rp.add_argument(
+        "--fast", action="store_true", help="check only what a plain resume checks (no crc32 of every record)"
+    )
+    rp.add_argument("dir", type=Path)
     sub.add_parser("rebuild-index").add_argument("dir", type=Path)
     mg = sub.add_parser("merge")
     mg.add_argument("out", type=Path)
@@ -182,6 +188,12 @@ def command(argv=None) -> int:
         for x in problems:
             print("  " + x)
         return 1 if problems else 0
+    if a.cmd == "repair":
+        from .mend import mend
+
+        done, lost = mend(a.dir, deep=not a.fast)
+        print("\n".join(f"repair: {x}" for x in done))
+        return 1 if lost else 0
     if a.cmd == "rebuild-index":
         recs = rebuild_index(a.dir)
         dest = a.dir / "index.rebuilt.jsonl"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from .codec import crc32
-from .store import ShardStore
+from .store import ShardStore, owned_file
 
 
 class AppendingStore(ShardStore):
@@ -15,7 +15,7 @@ class AppendingStore(ShardStore):
 
     def _use(self, path, size: int) -> None:
         self._shard_path, self._shard_size = path, size
-        self._shard = open(path, "ab")
+        self._shard = owned_file(path, "ab")
 
     def append(self, sample_id: str, key: str, frame: bytes, tokens: int, raw_bytes: int, **extra) -> None:
         """Write a frame to its own shard (taken as a packer worker takes one) and record it

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..procs import in_order
-from .reader import ShardReader
+from .aliasing import holds_a_set, refuse_alias
+from .reader import ShardReader, manifest_needs
 
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
 EXPORT_CHUNK = 64  # samples per unit of work: small enough to spread, large enough to amortise
@@ -155,14 +156,15 @@ def export(
     model_dir=None,
     compress: bool = False,
     overwrite: bool = False,
-    log=sys.stderr,
+    log=None,
     workers: int = 1,
 ) -> dict:
     """Write `src`'s samples in trainer `fmt` to `out`, atomically: the files are built in a
     sibling staging folder and moved into place at the end, so a refused or failed export leaves
     nothing and a finished one is complete. `workers` processes write it. Returns export_info."""
-    r = ShardReader(src)
-    out = Path(out)
+    r, out, log = ShardReader(src), Path(out), log or sys.stderr  # stderr as it is now, not at import
+    manifest_needs(r.root, r.manifest, "capture", ("layers", "final", "convention"))
+    manifest_needs(r.root, r.manifest, "model", ("name", "path", "hidden_size", "num_layers"))
     cap = r.manifest["capture"]
     n_aux = len(cap["layers"])
     refuse_unless_exportable(fmt, r, out, final_norm, overwrite)
@@ -207,11 +209,17 @@ def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: st
         raise ExportError(f"unknown export format {fmt!r}: specforge or speculators")
     if final_norm not in FINAL_NORM_MODES:
         raise ExportError(f"--final-norm {final_norm!r}: one of {', '.join(FINAL_NORM_MODES)}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ExportError(
-            f"{out} exists and is not empty: a trainer would read stale files there. "
-            "Pass --overwrite to replace it, or choose another folder"
-        )
+    refuse_alias(out, [r.root], ExportError)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ExportError(f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}: export into a folder")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(
+                f"{out} exists and is not empty: a trainer would read stale files there. "
+                "Pass --overwrite to replace it, or choose another folder"
+            )
+        if holds_a_set(out):
+            raise ExportError(f"{out} holds a shard set: --overwrite never deletes one; choose another folder")
     if not r.manifest["capture"]["final"]:
         raise ExportError(
             f"{fmt} trains toward the final hidden state: these shards were captured with capture.final=false"

@@ -13,7 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import CorruptFile, UserError
+from .aliasing import refuse_alias
+from .codec import CorruptRecord, crc32
+from .reader import ShardReader
 from .store import (
     IDENTITY,
     INDEX,
@@ -23,6 +26,7 @@ from .store import (
     atomic_write_json,
     identity_diff,
     index_lines,
+    owned_file,
     read_identity,
     read_index,
     read_manifest,
@@ -47,14 +51,18 @@ class MergeError(UserError, ValueError):
 
 def merge(out, inputs) -> dict:
     out = Path(out)
-    if (out / INDEX).exists():
-        raise MergeError(f"{out} already holds an index: merge into an empty directory")
+    refuse_alias(out, inputs, MergeError)
+    if (out / INDEX).exists() or (out / MANIFEST).exists():
+        raise MergeError(f"{out} already holds a shard set: merge into an empty directory")
     manifests = []
     for d in inputs:
         m = read_manifest(d)
         if m is None:
             raise MergeError(f"{d} has no manifest.json")
         manifests.append(m)
+        problem = damaged(Path(d))
+        if problem:
+            raise MergeError(f"{d} does not verify ({problem}): mend it first (`python -m recipe.shards verify {d}`)")
     want = sample_identity(inputs[0], manifests[0])
     for d, m in zip(inputs[1:], manifests[1:]):
         diff = identity_diff(want, sample_identity(d, m), names=(f"{inputs[0]}:", f"{d}:"))
@@ -81,11 +89,7 @@ def link_shards_and_join_indexes(out: Path, inputs) -> tuple[list[dict], list[di
     for k, d in enumerate(inputs):
         d = Path(d)
         for f in sorted((d / SHARD_DIR).glob("shard-*.bin")):
-            dst = out / SHARD_DIR / f"set{k:03d}-{f.name}"
-            try:
-                os.link(f, dst)
-            except OSError:
-                shutil.copy2(f, dst)
+            place(f, out / SHARD_DIR / f"set{k:03d}-{f.name}")
         for r in read_index(d):
             if r["id"] in seen:
                 duplicates.append({"id": r["id"], "set": str(d)})
@@ -93,6 +97,44 @@ def link_shards_and_join_indexes(out: Path, inputs) -> tuple[list[dict], list[di
             seen.add(r["id"])
             records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
     return records, duplicates
+
+
+def place(src: Path, dst: Path) -> None:
+    """dst made a hard link of src, or a copy across filesystems: always a new file, never written
+    into one that exists (it may be another set's shard through a link). A dst already linked to
+    src (an interrupted merge, run again) is kept."""
+    if dst.exists() or dst.is_symlink():
+        if not dst.is_symlink() and os.path.samefile(src, dst):
+            return
+        raise MergeError(f"{dst} exists and is not {src}: merge into an empty directory")
+    try:
+        os.link(src, dst)
+        return
+    except OSError:
+        pass
+    tmp = dst.with_name(f".{dst.name}.copy")
+    with open(src, "rb") as a, owned_file(tmp, "xb") as b:  # x: a new file or an error
+        shutil.copyfileobj(a, b, 16 << 20)
+        b.flush()
+        os.fsync(b.fileno())
+    os.replace(tmp, dst)
+
+
+def damaged(d: Path) -> str | None:
+    """The first thing that makes an input unfit to merge: an index that does not read, a record
+    missing or cut short, a crc32 that does not match its bytes. None: every record is whole."""
+    try:
+        r = ShardReader(d)
+    except (CorruptFile, CorruptRecord) as e:
+        return str(e)
+    for rec in r.records:
+        try:
+            frame = r.read_frame(rec)
+        except (CorruptRecord, OSError) as e:
+            return f"sample {rec['id']}: {e}"
+        if crc32(frame) != rec["crc32"]:
+            return f"sample {rec['id']} in {rec['shard']}: crc32 mismatch"
+    return None
 
 
 def merged_manifest(inputs, manifests: list[dict], records: list[dict], duplicates: list[dict]) -> dict:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import NotAShardSet
+from ..errors import CorruptFile, NotAShardSet
 from .codec import CorruptRecord, Recycler, decode
-from .store import SHARD_DIR, read_index, read_manifest
+from .store import INDEX, MANIFEST, SHARD_DIR, read_identity, read_index, read_manifest
 
 STEPWISE_FROM = 256 << 20  # records this long (bytes stored) are decoded in steps, their pages let go
 
@@ -30,16 +30,49 @@ def to_torch(arr: np.ndarray, dtype: str):
     return torch.from_numpy(arr)
 
 
-def check_record(line: dict, meta: dict, tokens: int) -> None:
+def check_record(line: dict, meta: dict, tokens: int, slots=None) -> None:
     """A record is the one its index line names: its own id, key and token count (`tokens`: its
     input_ids' length; a checksum only says the bytes are intact, not that the line points at the
-    right record)."""
+    right record), holding the slots the manifest names (its own list is the authority)."""
+    if slots is not None and "slots" in meta and list(meta["slots"]) != list(slots):
+        raise CorruptRecord(f"the record holds slots {meta['slots']}, the manifest names {list(slots)}")
     if meta.get("id") != line["id"]:
         raise CorruptRecord(f"the index line says id {line['id']}, the record holds {meta.get('id')}")
     if "key" in meta and "key" in line and meta["key"] != line["key"]:
         raise CorruptRecord(f"the index line says key {line['key']}, the record holds {meta['key']}")
     if "tokens" in line and tokens != line["tokens"]:
         raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {tokens}")
+
+
+def manifest_needs(root: Path, m: dict, part: str, keys) -> None:
+    """A CorruptFile naming what the manifest lacks of what a command reads (never a KeyError)."""
+    if not isinstance(m.get(part), dict) or any(k not in m[part] for k in keys):
+        fix = "the same command run again rewrites it from the index"
+        raise CorruptFile(f"{root / MANIFEST} lacks {part}.{'/'.join(keys)}: it is damaged; {fix}")
+
+
+def manifest_slots(root: Path, m: dict) -> list[str] | None:
+    """The slots the manifest names (None: it names none), checked against identity.json (the
+    record written first)."""
+    manifest_needs(root, m, "capture", ())
+    ident = read_identity(root)
+    if ident is not None and isinstance(ident.get("capture"), dict) and ident["capture"] != m["capture"]:
+        fix = "the same command run again rewrites it from the index"
+        raise CorruptFile(f"{root / MANIFEST}: its capture disagrees with identity.json's (edited?); {fix}")
+    slots = m["capture"].get("slots")
+    return list(slots) if isinstance(slots, list) else None
+
+
+def refuse_a_lost_index(root: Path, records: list, m: dict) -> None:
+    """An index shorter than the manifest's count, or none beside shards that hold bytes: its lines
+    were lost, and a reader would serve part of the set as if it were all of it."""
+    said = (m.get("totals") or {}).get("samples", 0) if isinstance(m.get("totals"), dict) else 0
+    shards = root / SHARD_DIR
+    if len(records) < said or (not records and any(f.stat().st_size for f in shards.glob("shard-*.bin"))):
+        raise CorruptFile(
+            f"{root / INDEX} lists {len(records)} samples, the manifest {said}: the index lost lines "
+            f"(`python -m recipe.shards repair {root}` rebuilds it from the shards)"
+        )
 
 
 class ShardReader:
@@ -53,7 +86,10 @@ class ShardReader:
                 f"{self.root} has no manifest.json: not a finished shard directory"
                 + ("" if self.root.is_dir() else " (it does not exist)")
             )
+        self.slots = manifest_slots(self.root, self.manifest)
         self.records = read_index(self.root) if index else []
+        if index:
+            refuse_a_lost_index(self.root, self.records, self.manifest)
         self.by_id = {r["id"]: r for r in self.records}
         if refuse_duplicates and len(self.by_id) != len(self.records):
             dup = [i for i, n in Counter(r["id"] for r in self.records).items() if n > 1]
@@ -79,7 +115,10 @@ class ShardReader:
             self._maps, self._pid = {}, os.getpid()
         m = self._maps.get(shard)
         if m is None or len(m) < end:  # first use, or the file grew since it was mapped
-            with open(self.root / SHARD_DIR / shard, "rb") as f:
+            path = self.root / SHARD_DIR / shard
+            if not path.is_file():
+                return None
+            with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < end:
                     return None
@@ -94,7 +133,8 @@ class ShardReader:
         end = rec["offset"] + rec["length"]
         m = self._map(rec["shard"], end)
         if m is None:
-            raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is truncated")
+            missing = not (self.root / SHARD_DIR / rec["shard"]).is_file()
+            raise CorruptRecord(f"sample {rec['id']}: {rec['shard']} is {'missing' if missing else 'truncated'}")
         return memoryview(m)[rec["offset"] : end]
 
     def let_go(self, shard: str) -> None:
@@ -123,7 +163,7 @@ class ShardReader:
         try:
             frame = self.read_frame(rec)
             meta, arrs = decode(frame, rec["crc32"], self._recycler, self._release(rec))
-            check_record(rec, meta, len(arrs["input_ids"]))
+            check_record(rec, meta, len(arrs["input_ids"]), self.slots)
             return meta, arrs
         except CorruptRecord as e:
             raise CorruptRecord(f"sample {sample_id} in {rec['shard']} @ {rec['offset']}: {e}") from None

@@ -7,24 +7,27 @@ after a run that was killed before it wrote any manifest.
 Crash-safety order (what makes resume exact):
   1. sample frames are appended to the current shard file;
   2. commit(): the shard is fsynced, *then* their index lines are appended to index.jsonl and fsynced;
-  3. on open, a torn last index line is dropped and each shard is truncated to the end of its last
-     indexed record, so bytes written after the last commit vanish and are redone;
-  4. indexed samples whose shard is missing or cut short are dropped from the index (and redone).
-manifest.json and identity.json are only ever replaced whole (temp file, fsync, rename). Shard names
-are never reused: a new shard is numbered past every name on disk and in the index.
+  3. on open, a torn last index line is dropped and every shard the index does not describe
+     exactly is read along its own framing (repair.py): lines whose record is there are kept,
+     whole records the index lost are indexed again from themselves, and only a crashed run's
+     uncommitted append is cut; what is gone or damaged is redone, never cut from a shard.
+manifest.json and identity.json are only ever replaced whole (temp file, fsync, rename, fsync of the
+folder). Shard names are never reused: a new shard is numbered past every name on disk and in the
+index. Nothing in the set is written through a symbolic link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CorruptFile, UserError
-from . import repair
+from ..errors import CorruptFile, OutputDirError, UserError
+from . import repair as repair_mod
 from .codec import scan_json
 
 INDEX = "index.jsonl"
@@ -60,13 +63,35 @@ class OutputLocked(UserError, RuntimeError):
     pass
 
 
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_owned(path: Path, flags: int, mode: int = 0o644) -> int:
+    """A file of the set opened without following a symbolic link: the recipe writes only files it
+    made, never through a link into another set or a file the user owns. One line if it is a link."""
+    try:
+        return os.open(path, flags | NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutputDirError(
+                f"{path} is a symbolic link: the recipe writes only files it made; "
+                "replace it with the file it points to, or use another output_dir"
+            ) from None
+        raise
+
+
+def owned_file(path: Path, mode: str, **kw):
+    """open(path, mode) as open_owned opens it: a file object, never through a link."""
+    return open(path, mode, opener=lambda p, flags: open_owned(Path(p), flags), **kw)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with owned_file(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # a link at `path` is replaced, never followed
     fsync_path(path.parent)
 
 
@@ -125,9 +150,19 @@ def all_lines(raw: bytes, cut: int) -> list | None:
     return records if end == len(text) and len(records) == raw.count(b"\n", 0, cut) else None
 
 
-def read_index(root: Path, repair: bool = False) -> list[dict]:
+class Unreadable(str):
+    """An index line that is not JSON, kept in its place by a lenient read (the resume drops it)."""
+
+
+def repair_hint(root: Path) -> str:
+    return f"`python -m recipe.shards repair {root}` rebuilds it from the shards"
+
+
+def read_index(root: Path, repair: bool = False, lenient: bool = False) -> list:
     """Index records in order. Bytes after the last newline are a torn append (crash): dropped,
-    and with repair truncated on disk. A bad *complete* line is real corruption and raises."""
+    and with repair truncated on disk. A complete line that is not JSON, or not an index line the
+    recipe writes, raises CorruptFile naming it; with `lenient` it is returned as it is (a line not
+    JSON as Unreadable), for the resume's repair to judge."""
     path = root / INDEX
     if not path.exists():
         return []
@@ -135,35 +170,44 @@ def read_index(root: Path, repair: bool = False) -> list[dict]:
     cut = raw.rfind(b"\n") + 1
     records = all_lines(raw, cut)
     if records is None:
-        records = lines_one_by_one(raw[:cut], path, root)
+        records = lines_one_by_one(raw[:cut], path, root, lenient)
+    if not lenient:
+        for n, r in enumerate(records, 1):
+            why = repair_mod.line_problem(r)
+            if why is not None:
+                raise CorruptFile(f"{path}: line {n} is {why}; the index is damaged ({repair_hint(root)})")
     if repair and cut != len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(cut)
-            os.fsync(f.fileno())
+        fd = open_owned(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return records
 
 
-def lines_one_by_one(lines: bytes, path: Path, root: Path) -> list[dict]:
+def lines_one_by_one(lines: bytes, path: Path, root: Path, lenient: bool = False) -> list:
     """Complete index lines read one at a time -> their records; raises CorruptFile naming the first
-    line that is not JSON."""
+    line that is not JSON (with `lenient`, that line is kept as Unreadable)."""
 
     def corrupt(n: int) -> CorruptFile:
-        return CorruptFile(
-            f"{path}: line {n} is not JSON; the index is corrupt (`python -m recipe.shards rebuild-index "
-            f"{root}` rebuilds it from the shards)"
-        )
+        return CorruptFile(f"{path}: line {n} is not JSON; the index is corrupt ({repair_hint(root)})")
 
     try:
         text = lines.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise corrupt(lines.count(b"\n", 0, e.start) + 1) from None
+        if not lenient:
+            raise corrupt(lines.count(b"\n", 0, e.start) + 1) from None
+        text = lines.decode("utf-8", errors="replace")  # its line then disagrees with its record
     records = []
     for n, line in enumerate(text.split("\n"), 1):
         if line:
             try:
                 records.append(index_line(line))
             except json.JSONDecodeError:
-                raise corrupt(n) from None
+                if not lenient:
+                    raise corrupt(n) from None
+                records.append(Unreadable(line))
     return records
 
 
@@ -193,37 +237,56 @@ def read_owned(path: Path, parse, fix: str):
         raise CorruptFile(f"{path} is damaged ({type(e).__name__}: {str(e)[:80]}); {fix}") from None
 
 
+def json_object(text: str) -> dict:
+    obj = json.loads(text)
+    if not isinstance(obj, dict):
+        raise ValueError(f"a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
 def read_manifest(root: Path) -> dict | None:
     p = Path(root) / MANIFEST
     fix = "the same command run again rewrites it from the index"
-    return read_owned(p, json.loads, fix) if p.exists() else None
+    return read_owned(p, json_object, fix) if p.exists() else None
 
 
 def read_identity(root: Path) -> dict | None:
     p = Path(root) / IDENTITY
     fix = "it records the configuration the set was made with: restore it from a copy, or use another output_dir"
-    return read_owned(p, json.loads, fix) if p.exists() else None
+    return read_owned(p, json_object, fix) if p.exists() else None
 
 
 def check_identity(root: Path, identity: dict) -> None:
-    """Refuse a set made with another configuration; record the identity of a set that has none."""
+    """Refuse a set made with another configuration; record the identity of a set that has none.
+    Where identity.json is gone, the manifest's copy of it (or, in a set from before that copy, its
+    provenance keys) is what the run must agree with: a lost file never lets other settings in."""
     old = read_identity(root)
-    if old is None:  # a set from before identity.json: its manifest holds the keys that mattered then
-        manifest = read_manifest(root)
-        if manifest is None and read_index(root):
-            raise ProvenanceMismatch(
-                f"{root} holds samples but neither identity.json nor manifest.json: "
-                "its configuration is unknown; use another output_dir"
-            )
-        old = {k: manifest.get(k) for k in PROVENANCE_KEYS} if manifest else None
-        identity_to_check = {k: identity.get(k) for k in PROVENANCE_KEYS}
-        if old is not None and old != identity_to_check:
-            raise ProvenanceMismatch(mismatch_message(root, identity_diff(old, identity_to_check)))
-        atomic_write_json(root / IDENTITY, identity)
+    if old is not None:
+        diff = identity_diff(old, identity)
+        if diff:
+            raise ProvenanceMismatch(mismatch_message(root, diff))
         return
-    diff = identity_diff(old, identity)
-    if diff:
-        raise ProvenanceMismatch(mismatch_message(root, diff))
+    manifest = read_manifest(root)
+    if manifest is None and holds_samples(root):
+        raise ProvenanceMismatch(
+            f"{root} holds samples but neither identity.json nor manifest.json: "
+            "its configuration is unknown; use another output_dir"
+        )
+    if manifest is not None:
+        saved = manifest.get("identity")  # the copy the manifest keeps; a set from before it: its keys
+        keys = list(saved) if isinstance(saved, dict) else PROVENANCE_KEYS
+        old = saved if isinstance(saved, dict) else manifest
+        old, new = {k: old.get(k) for k in keys}, {k: identity.get(k) for k in keys}
+        if old != new:
+            raise ProvenanceMismatch(mismatch_message(root, identity_diff(old, new)))
+    atomic_write_json(root / IDENTITY, identity)
+
+
+def holds_samples(root: Path) -> bool:
+    """Any index line or any shard byte: a set, not an empty folder."""
+    shards = root / SHARD_DIR
+    on_disk = shards.is_dir() and any(f.stat().st_size for f in shards.glob("shard-*.bin") if f.is_file())
+    return on_disk or bool(read_index(root, lenient=True))
 
 
 def mismatch_message(root: Path, diff: list[str]) -> str:
@@ -236,28 +299,70 @@ def mismatch_message(root: Path, diff: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Repaired:
-    """What opening a set kept and cut: `lost` (id, why) are redone; `left` (shard, why) are never
-    appended to again; `cuts` (shard, bytes cut) were proven uncommitted tails."""
+    """What opening a set did (repair.Checked): `lost` (id, why) are redone; `left` (shard, why) are
+    never appended to again; `cuts` (shard, bytes cut) were a crashed run's uncommitted appends;
+    `reindexed` lines were rewritten from their records, `recovered` ids indexed from records the
+    index had lost."""
 
     records: list[dict]
     lost: list[tuple[str, str]]
     left: list[tuple[str, str]]
     cuts: list[tuple[str, int]]
     ends: dict[str, int]  # per shard, where its last kept record ends
+    reindexed: list[tuple[str, str]]
+    recovered: list[str]
 
 
-def repair_on_open(root: Path, records: list[dict], deep: bool) -> Repaired:
-    """Keep what repair.check proves (the rest is redone), cut only proven uncommitted tails."""
-    checked = repair.check(root / SHARD_DIR, records, deep)
-    if len(checked.kept) != len(records):
+def committed_ends(root: Path) -> dict[str, int] | None:
+    """Per shard, the bytes the manifest says were committed when it was written, or left as they
+    are by a resume (None: no readable manifest): verify names a torn record inside them as damage,
+    not as a crashed run's append."""
+    try:
+        m = read_manifest(root)
+    except CorruptFile:
+        return None
+    if not isinstance(m, dict):
+        return None
+    ends: dict[str, int] = {}
+    for part in ("shards", "left"):  # "left": bytes an earlier resume left as they are, with why
+        for k, v in (m.get(part) if isinstance(m.get(part), dict) else {}).items():
+            if isinstance(v, dict) and type(v.get("bytes")) is int:
+                ends[k] = max(ends.get(k, 0), v["bytes"])
+    return ends
+
+
+def repair_on_open(root: Path, deep: bool, suspect: set[str] = frozenset()) -> Repaired:
+    """The index read, then judged against the shards' own bytes (repair.check): it is rewritten
+    where it changed, and only a crashed run's uncommitted appends are cut."""
+    lines = read_index(root, repair=True, lenient=True)
+    checked = repair_mod.check(root / SHARD_DIR, lines, deep, suspect)
+    if checked.changed or len(checked.kept) != len(lines):
         atomic_write(root / INDEX, index_lines(checked.kept))
     cuts = []
     for name, at, extra in checked.cuts:
-        with open(root / SHARD_DIR / name, "r+b") as fh:
-            fh.truncate(at)
-            os.fsync(fh.fileno())
+        fd = open_owned(root / SHARD_DIR / name, os.O_RDWR)
+        try:
+            os.ftruncate(fd, at)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         cuts.append((name, extra))
-    return Repaired(checked.kept, checked.dropped, checked.left, cuts, checked.ends)
+    return Repaired(checked.kept, checked.dropped, checked.left, cuts, checked.ends, checked.reindexed,
+                    checked.recovered)  # fmt: skip
+
+
+def refuse_links(root: Path) -> None:
+    """No file or folder of the set is a symbolic link (the recipe would write through it)."""
+    owned = [root / n for n in (SHARD_DIR, INDEX, MANIFEST, IDENTITY, ".lock")] + [root / SHARD_DIR / "NEXT"]
+    shards = root / SHARD_DIR
+    if shards.is_dir() and not shards.is_symlink():
+        owned += sorted(shards.glob("shard-*.bin"))
+    for p in owned:
+        if p.is_symlink():
+            raise OutputDirError(
+                f"{p} is a symbolic link: the recipe writes only files it made; "
+                "replace it with what it points to, or use another output_dir"
+            )
 
 
 def shard_names(root: Path, records: list[dict]) -> list[str]:
@@ -281,30 +386,59 @@ class ShardStore:
     """Single writer of one output directory (an flock enforces it): hands out shard files to the
     writers (packer workers), records what they wrote, and commits it durably to the index."""
 
-    def __init__(self, root: str | Path, identity: dict, provenance: dict | None = None,
+    def __init__(self, root: str | Path, identity: dict | None, provenance: dict | None = None,
                  max_shard_bytes: int = 4 << 30, deep_check: bool = False):  # fmt: skip
         self.root = Path(root)
+        refuse_links(self.root)
         (self.root / SHARD_DIR).mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / ".lock", "w")
+        self._lock = owned_file(self.root / ".lock", "a")  # never truncated: it may be a file the user owns
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
             raise OutputLocked(f"{self.root} is being written by another process (.lock held)") from None
-        self.provenance = {**identity, **(provenance or {})}
+        self.identity, self.provenance = identity, {**(identity or {}), **(provenance or {})}
         self.max_shard_bytes = max_shard_bytes
         try:
-            check_identity(self.root, identity)
+            if identity is not None:  # None: `repair`, which keeps the set's own
+                check_identity(self.root, identity)
+            self.next_number()
+            fixed = repair_on_open(self.root, deep_check)
         except BaseException:
             self._lock.close()
             raise
-        fixed = repair_on_open(self.root, read_index(self.root, repair=True), deep_check)
-        self.records, self.lost, self.left, self.repaired = fixed.records, fixed.lost, fixed.left, fixed.cuts
+        self.lost, self.left, self.repaired, self.reindexed, self.recovered = [], [], [], [], []
+        self._opened(fixed)
+        self._pending: list[dict] = []
+
+    def _opened(self, fixed: Repaired) -> None:
+        """The set as the repair left it: its records, what was done, the tails writers may extend."""
+        self.records = fixed.records
+        self.lost, self.left, self.repaired = self.lost + fixed.lost, self.left + fixed.left, self.repaired + fixed.cuts
+        self.reindexed, self.recovered = self.reindexed + fixed.reindexed, self.recovered + fixed.recovered
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
-        self._reusable = open_tails(self.root, fixed.ends, {n for n, _ in self.left}, max_shard_bytes)
-        self._pending: list[dict] = []
-        self._index = open(self.root / INDEX, "ab", buffering=0)  # no buffer that could replay a failed append
+        self._reusable = open_tails(self.root, fixed.ends, {n for n, _ in self.left}, self.max_shard_bytes)
+        # no buffer that could replay a failed append
+        self._index = owned_file(self.root / INDEX, "ab", buffering=0)
+
+    def settle(self, samples) -> None:
+        """Samples this run would store whose id the index already holds under another key: the lines
+        are checked against their records (an edited line is re-indexed from its record). A record
+        that itself holds another key was made with other settings than the identity says: refused."""
+        clash = {s.id: s.key for s in samples if s.key not in self.keys and s.id in self.ids}
+        if not clash:
+            return
+        self._index.close()
+        shards = {r["shard"] for r in self.records if r["id"] in clash}
+        self._opened(repair_on_open(self.root, False, shards))
+        still = sorted(i for i, k in clash.items() if i in self.ids and k not in self.keys)
+        if still:
+            raise ProvenanceMismatch(
+                f"{self.root}: sample {still[0]} ({len(still)} in all) is stored under another key than this "
+                "run computes for it: the set was made with other settings than identity.json records; "
+                "use another output_dir"
+            )
 
     def take_shard(self) -> tuple[Path, int]:
         """A shard for one writer to append to, and its size: an open tail of this set first, each
@@ -315,11 +449,15 @@ class ShardStore:
         """Numbered past every shard name on disk, in the index and ever handed out (shards/NEXT,
         written before the file is made): a name is never reused, even after a shard was deleted."""
         names = shard_names(self.root, self.records)
+        n = max(shard_number(names[-1]) + 1 if names else 0, self.next_number())
+        atomic_write(self.root / SHARD_DIR / "NEXT", f"{n + 1}\n".encode())
+        return self.root / SHARD_DIR / f"shard-{n:05d}.bin"
+
+    def next_number(self) -> int:
+        """shards/NEXT, read (at open too: a damaged one is refused before any work, not mid-run)."""
         nxt = self.root / SHARD_DIR / "NEXT"
         fix = "it holds the next shard number only: delete it and the next run writes it again"
-        n = max(shard_number(names[-1]) + 1 if names else 0, read_owned(nxt, int, fix) if nxt.exists() else 0)
-        atomic_write(nxt, f"{n + 1}\n".encode())
-        return self.root / SHARD_DIR / f"shard-{n:05d}.bin"
+        return read_owned(nxt, int, fix) if nxt.exists() else 0
 
     def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
             raw_bytes: int, **extra) -> None:  # fmt: skip
@@ -368,9 +506,24 @@ class ShardStore:
         return batch
 
     def write_manifest(self, fields: dict) -> dict:
-        manifest = {**self.provenance, **fields, **summarize(self.records)}
+        """The manifest, with a copy of the identity (what a resume checks if identity.json is lost)
+        and the shards whose bytes past their last record were left as they are (`left`: never
+        taken for an uncommitted append later, and named by verify as left)."""
+        manifest = {**self.provenance, **fields, **summarize(self.records), "identity": self.identity,
+                    "left": self.left_bytes()}  # fmt: skip
         atomic_write_json(self.root / MANIFEST, manifest)
         return manifest
+
+    def left_bytes(self) -> dict:
+        """{shard: {bytes, why}} for every shard left as it is, now or by an earlier resume."""
+        try:
+            before = (read_manifest(self.root) or {}).get("left") or {}
+        except CorruptFile:
+            before = {}
+        left = {k: v for k, v in before.items() if isinstance(v, dict) and (self.root / SHARD_DIR / k).exists()}
+        for name, why in self.left:
+            left[name] = {"bytes": (self.root / SHARD_DIR / name).stat().st_size, "why": why}
+        return left
 
     def __enter__(self) -> "ShardStore":
         return self

@@ -17,22 +17,30 @@ from pathlib import Path
 from .. import units
 from ..errors import CorruptFile
 from ..procs import in_order
+from . import coverage
 from .codec import CorruptRecord, Recycler, check
-from .reader import ShardReader, check_record
+from .reader import ShardReader, check_record, manifest_needs
 from .repair import record_ends
 from .store import SHARD_DIR, read_identity
 
 RANGE_RECORDS = 4096  # records per task: few tasks for a million short chats
 RANGE_RAW_BYTES = 256 << 20  # and few bytes (~0.2 s of decode), so that long samples spread evenly
 PROGRESS_EVERY_S = 10.0
+VERIFY_NEEDS = {"capture": ("slots",), "model": ("hidden_size",), "totals": ("samples", "tokens")}
+REDO = "the command that made the set, run again with shards.deep_check=true, redoes them"
+REDO_MERGED = "a merged set: the job that made them redoes them, then merge again"
 
 
-def verify(root: Path, out=sys.stdout, workers: int = 1, log=sys.stderr) -> list[str]:
-    """All problems found (empty = good). Names the sample and shard of each."""
+def verify(root: Path, out=None, workers: int = 1, log=None) -> list[str]:
+    """All problems found (empty = good). Names the sample and shard of each. `out` (the verdict and
+    notes) and `log` (progress) default to stdout and stderr as they are at the call."""
+    out, log = out or sys.stdout, log or sys.stderr
     problems = []
     try:
         r = ShardReader(root, refuse_duplicates=False)  # reported below, with the rest
-    except (FileNotFoundError, ValueError) as e:
+        for part, keys in VERIFY_NEEDS.items():
+            manifest_needs(root, r.manifest, part, keys)
+    except (FileNotFoundError, ValueError) as e:  # no set, a damaged manifest, a malformed or lost index
         return [str(e)]
     try:
         read_identity(root)
@@ -42,20 +50,21 @@ def verify(root: Path, out=sys.stdout, workers: int = 1, log=sys.stderr) -> list
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
         problems += [f"duplicate {kind} {k} in index" for k in dup]
     sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
+    merged = bool((r.manifest.get("counts") or {}).get("merged"))
+    redo = REDO_MERGED if merged else REDO
     lost = collections.defaultdict(list)
     for rec in r.records:
         if rec["offset"] + rec["length"] > sizes.get(rec["shard"], -1):
             lost[rec["shard"]].append(rec["id"])
     for shard, ids in lost.items():
         what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
-        problems.append(f"{shard} {what}: {len(ids)} samples lost (a resume redoes them): {', '.join(ids)}")
-    problems += record_problems(r, frozenset(lost), workers, log)
+        problems.append(f"{shard} {what}: {len(ids)} samples lost ({redo}): {', '.join(ids)}")
+    problems += [f"{p} ({redo.replace('them', 'it')})" for p in record_problems(r, frozenset(lost), workers, log)]
     ends = record_ends(r.records)
-    merged = bool((r.manifest.get("counts") or {}).get("merged"))
-    for shard, end in ends.items():
-        size = sizes.get(shard, 0)
-        if shard not in lost and size != end and not merged:  # a merged set may skip a duplicate at a shard's end
-            problems.append(f"{shard}: {size} bytes on disk, index ends at {end} (uncommitted tail; resume repairs it)")
+    found, notes = coverage.unindexed(root, r.records, sizes, frozenset(lost))
+    problems += found
+    for x in notes:
+        print(f"note: {x}", file=out)
     problems += manifest_problems(r.manifest, r.records)
     verdict = "OK" if not problems else f"{len(problems)} problem(s)"
     print(f"verified {len(r.records)} samples in {len(ends)} shards: {verdict}", file=out)
@@ -106,7 +115,7 @@ def _open_worker_reader(root: str) -> None:
 
 def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None) -> Checked:
     r = _WORKER_READER if r is None else r
-    slots, hidden = len(r.manifest["capture"]["slots"]), r.manifest["model"]["hidden_size"]
+    slots, hidden = len(r.slots), r.manifest["model"]["hidden_size"]
     problems, nbytes = [], 0
     recycler = Recycler()  # one sample's memory, reused for every sample
     for rec in recs:
@@ -117,7 +126,7 @@ def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None)
         try:  # what the reader's decode refuses, without joining the planes into words
             header = check(r.read_frame(rec), rec["crc32"], recycler)
             shapes = {t["name"]: tuple(t["shape"]) for t in header["tensors"]}
-            check_record(rec, header["meta"], shapes["input_ids"][0])
+            check_record(rec, header["meta"], shapes["input_ids"][0], r.slots)
         except (CorruptRecord, OSError) as e:
             problems.append(f"{where}: {e}")
             continue
