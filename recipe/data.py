@@ -242,7 +242,7 @@ def to_messages(rec) -> list[dict]:
         raise BadRecord("missing_field", f"no messages/conversations/prompt (keys: {sorted(rec)[:6]})")
     if not out:
         raise BadRecord("empty_conversation")
-    if not any(m["role"] == "assistant" and (m["content"] or m.get("tool_calls")) for m in out):
+    if not any(m["role"] == "assistant" and (m["content"].strip() or m.get("tool_calls")) for m in out):
         raise BadRecord("no_assistant_turn")
     for m in out:  # valid JSON can hold lone surrogates ("\ud800"), which no tokenizer can encode
         try:

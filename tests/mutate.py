@@ -379,6 +379,66 @@ MUTATIONS = {
         "",
         ["tests/test_ownership.py::test_tool_calls_train_on_what_the_template_renders_or_are_refused_saying_why"],
     ),
+    "cut_without_its_margin": (
+        "recipe/data.py",
+        "CUT_MARGIN = 64\n",
+        "CUT_MARGIN = 0\n",
+        ["tests/test_boundaries.py::test_the_sample_is_the_whole_conversations_first_max_length_tokens_around_the_cut"],
+    ),
+    "empty_assistant_turns_accepted": (
+        "recipe/data.py",
+        """    if not any(m["role"] == "assistant" and (m["content"].strip() or m.get("tool_calls")) for m in out):""",
+        """    if not any(m["role"] == "assistant" for m in out):""",
+        ["tests/test_boundaries.py::test_a_conversation_whose_assistant_turns_are_all_empty_is_never_a_sample"],
+    ),
+    "duplicates_count_as_invalid": (
+        "recipe/data.py",
+        'POLICY_SKIPS = {"too_long", "duplicate", "no_loss_tokens"}',
+        'POLICY_SKIPS = {"too_long", "no_loss_tokens"}',
+        ["tests/test_boundaries.py::test_policy_skips_never_count_against_max_failures"],
+    ),
+    "resume_checks_only_a_shards_first_record": (
+        "recipe/shards/repair.py",
+        "all(_names_its_record(m, r) for r in (recs[0], recs[-1]))",
+        "all(_names_its_record(m, r) for r in (recs[0],))",
+        ["tests/test_ownership.py::test_one_damaged_record_at_a_shards_start_or_end_costs_at_most_that_record"],
+    ),
+    "speculators_pre_norm_slot_in_float32": (
+        "recipe/shards/export.py",
+        "    return x.to(post.dtype)\n",
+        "    return x\n",
+        ["tests/test_export.py::test_every_exported_tensor_has_the_targets_dtype_and_the_size_its_shape_implies"],
+    ),
+    "identity_without_overflow": (
+        "recipe/provenance.py",
+        '            "overflow": cfg.data.overflow.value,\n',
+        "",
+        ["tests/test_boundaries.py::test_every_setting_that_changes_a_sample_is_in_the_identity"],
+    ),
+    "reap_ignores_the_start_time": (
+        "recipe/backends/sglang.py",
+        'if pid and proc_start_time(pid) == rec.get("start"):',
+        "if pid:",
+        ["tests/test_boundaries.py::test_a_stale_server_record_never_kills_a_process_that_reused_its_pid"],
+    ),
+    "one_restart_too_many": (
+        "recipe/backends/sglang.py",
+        "if self.restarts >= self.opts.max_restarts:",
+        "if self.restarts > self.opts.max_restarts:",
+        ["tests/test_boundaries.py::test_max_restarts_allows_exactly_n_restarts"],
+    ),
+    "layer_equal_to_depth_accepted": (
+        "recipe/schema.py",
+        "(layers[0] < 0 or layers[-1] >= n)",
+        "(layers[0] < 0 or layers[-1] > n)",
+        ["tests/test_boundaries.py::test_every_capture_layer_is_a_residual_stream_input_at_both_ends"],
+    ),
+    "atomic_replace_without_its_folders_fsync": (
+        "recipe/shards/store.py",
+        "    os.replace(tmp, path)  # a link at `path` is replaced, never followed\n    fsync_path(path.parent)\n",
+        "    os.replace(tmp, path)  # a link at `path` is replaced, never followed\n",
+        ["tests/test_boundaries.py::test_every_replace_of_a_file_the_recipe_owns_is_made_durable_by_its_folders_fsync"],
+    ),
     "resume_trusts_the_index_place": (
         "recipe/shards/repair.py",
         (
@@ -416,17 +476,13 @@ MUTATIONS = {
         "recipe/data.py",
         "rec = {k: v for k, v in rec.items() if v is not None}",
         "pass",
-        [
-            "tests/test_data.py::test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_read_as_the_plain_file"
-        ],
+        ["tests/test_data.py::test_a_local_hf_dataset_gives_the_same_samples_as_its_jsonl"],
     ),
     "a_stream_read_twice": (
         "recipe/data.py",
         "    if path.is_file() or path.is_dir():\n        return path\n",
         "    return path\n",
-        [
-            "tests/test_data.py::test_compressed_lines_json_arrays_stdin_and_hf_datasets_with_null_columns_read_as_the_plain_file"
-        ],
+        ["tests/test_data.py::test_compressed_lines_json_arrays_and_stdin_read_as_the_plain_file"],
     ),
     "run_waits_on_the_servers_drain": (
         "recipe/backends/sglang.py",

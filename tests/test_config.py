@@ -18,8 +18,18 @@ def options(group):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes(group, option):
+    """Each option of each group composes whole (no missing value) and passes the schema's checks,
+    and its own file's values are what the composed config holds."""
+    from recipe import schema
+
     cfg = compose([f"{group}={option}", "output_dir=/tmp/o", "data.sources=[x.jsonl]"])
-    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    whole = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    schema.validate(cfg)
+    own = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"), resolve=False)
+    node = own.get(group, own) if isinstance(own, dict) else {}
+    for k, v in (node or {}).items():
+        if not isinstance(v, (dict, list)) and not str(v).startswith(("${", "???")) and k in whole.get(group, {}):
+            assert whole[group][k] == v, (group, option, k)
 
 
 @pytest.mark.parametrize("exp", options("experiment"))

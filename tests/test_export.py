@@ -379,3 +379,29 @@ def test_an_export_worker_runs_one_torch_thread(shards):
     finally:
         torch.set_num_threads(before)
         ex._WORKER_READER = None
+
+
+@pytest.mark.parametrize("fmt,final", [("speculators", "pre-norm-equivalent"), ("speculators", "keep-post-norm"),
+                                       ("specforge", "pre-norm-equivalent")])  # fmt: skip
+def test_every_exported_tensor_has_the_targets_dtype_and_the_size_its_shape_implies(shards, tmp_path, fmt, final):
+    """Activations bf16 as the target computed them (a float32 slot would double the files and hand
+    the trainer another dtype), ids and masks int64, each file no larger than its tensors."""
+    from safetensors import safe_open
+
+    out = tmp_path / fmt
+    export(fmt, shards, out, final_norm=final)
+    files = sorted(out.rglob("*.safetensors")) + sorted(out.rglob("*.ckpt"))
+    assert files
+    want = {"hidden_states": torch.bfloat16, "hidden_state": torch.bfloat16, "aux_hidden_state": torch.bfloat16,
+            "token_ids": torch.int64, "input_ids": torch.int64, "loss_mask": torch.int64}  # fmt: skip
+    for f in files:
+        if f.suffix == ".safetensors":
+            with safe_open(f, "pt") as g:
+                tensors = {k: g.get_tensor(k) for k in g.keys()}
+        else:
+            tensors = torch.load(f, weights_only=True)
+        payload = 0
+        for name, t in tensors.items():
+            assert t.dtype == want[name], (f.name, name, t.dtype)
+            payload += t.numel() * t.element_size()
+        assert f.stat().st_size < payload + 64 << 10, (f.name, f.stat().st_size, payload)  # headers only beyond it

@@ -147,6 +147,13 @@ def flip_first_header(out, mine):
     p.write_bytes(bytes(b))
 
 
+def flip_last_header(out, mine):
+    p = out / "shards" / mine[-1]["shard"]
+    b = bytearray(p.read_bytes())
+    b[mine[-1]["offset"] + 12] ^= 0x40
+    p.write_bytes(bytes(b))
+
+
 def edit_first_id(out, mine):
     recs = lines(out)
     for r in recs:
@@ -155,7 +162,7 @@ def edit_first_id(out, mine):
     write_lines(out, recs)
 
 
-@pytest.mark.parametrize("damage", [truncate_last, flip_first_header, edit_first_id])
+@pytest.mark.parametrize("damage", [truncate_last, flip_first_header, flip_last_header, edit_first_id])
 def test_one_damaged_record_at_a_shards_start_or_end_costs_at_most_that_record(finished, tmp_path, damage):
     out = fresh(finished, tmp_path)
     before, mine = samples(out), first_and_last(out)
