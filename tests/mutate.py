@@ -1,7 +1,8 @@
 """Mutation check: put each listed bug into the code, run the tests meant to catch it, report which
 survive. The guarantee tests are only worth something if every mutation here is caught.
 
-    python tests/mutate.py            # all (about 10 minutes on 2 cores)
+    python tests/mutate.py            # all (about 30 minutes on 2 cores)
+    python tests/mutate.py --fast     # the subset CI runs (about 4 minutes)
     python tests/mutate.py --list
     python tests/mutate.py coverage_one_short inf_not_flagged
 
@@ -269,7 +270,7 @@ MUTATIONS = {
     "merge_ignores_template_kwargs": (
         "recipe/shards/merge.py",
         'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")',
-        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit", "chat_template_kwargs")',
+        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit", "chat_template_kwargs", "overflow")',
         ["tests/test_integrity.py::test_merge_refuses_sets_whose_samples_differ_as_resume_would"],
     ),
     "damaged_builtin_cache_reused": (
@@ -317,10 +318,10 @@ MUTATIONS = {
         "            pass\n",
         ["tests/test_ownership.py::test_a_lost_index_is_rebuilt_from_the_shards_before_any_resume_decision"],
     ),
-    "resume_drops_a_doubtful_shard_whole": (
+    "resume_stops_reading_a_shard_at_its_first_damage": (
         "recipe/shards/repair.py",
-        "        x = r if w is None else w.keep.get(id(r))\n",
-        "        x = r if w is None else None\n",
+        '                if r["offset"] < size:\n                    framing.walk(m, r["offset"], found)\n',
+        "                pass\n",
         ["tests/test_ownership.py::test_one_damaged_record_at_a_shards_start_or_end_costs_at_most_that_record"],
     ),
     "fp16_stored_as_bf16": (
@@ -438,6 +439,12 @@ MUTATIONS = {
         "    os.replace(tmp, path)  # a link at `path` is replaced, never followed\n    fsync_path(path.parent)\n",
         "    os.replace(tmp, path)  # a link at `path` is replaced, never followed\n",
         ["tests/test_boundaries.py::test_every_replace_of_a_file_the_recipe_owns_is_made_durable_by_its_folders_fsync"],
+    ),
+    "merge_ignores_the_tokenizer": (
+        "recipe/shards/merge.py",
+        "    return identity_diff(a, b, names=names, ignore=JOB_SPLIT)\n",
+        '    return identity_diff(a, b, names=names, ignore=JOB_SPLIT | {"tokenizer"})\n',
+        ["tests/test_boundaries.py::test_merge_and_resume_refuse_exactly_the_same_identity_differences"],
     ),
     "resume_trusts_the_index_place": (
         "recipe/shards/repair.py",
@@ -891,6 +898,45 @@ MUTATIONS = {
 }
 
 
+# What CI runs (`--fast`, about 4 minutes on 2 cores): the store's and the input's guarantees, each
+# mutation's tests in the fast group. The whole list runs by hand (about 30 minutes).
+FAST = (
+    "cut_without_its_margin",
+    "empty_assistant_turns_accepted",
+    "duplicates_count_as_invalid",
+    "resume_checks_only_a_shards_first_record",
+    "speculators_pre_norm_slot_in_float32",
+    "identity_without_overflow",
+    "reap_ignores_the_start_time",
+    "one_restart_too_many",
+    "layer_equal_to_depth_accepted",
+    "atomic_replace_without_its_folders_fsync",
+    "export_over_its_own_set",
+    "merge_replaces_a_file_in_its_output",
+    "reader_serves_a_shortened_index",
+    "resume_stops_reading_a_shard_at_its_first_damage",
+    "fp16_stored_as_bf16",
+    "writes_through_a_linked_folder",
+    "open_array_read_as_lines",
+    "lost_identity_checks_the_old_keys_only",
+    "reader_trusts_an_edited_manifest_capture",
+    "index_line_shapes_unchecked",
+    "edited_key_not_settled",
+    "merge_accepts_a_damaged_input",
+    "tool_calls_dropped_by_the_template",
+    "resume_cuts_what_it_cannot_prove",
+    "resume_indexes_a_damaged_copy",
+    "resume_cuts_whole_records_the_index_lost",
+    "resume_trusts_the_index_place",
+    "resume_keeps_duplicate_lines",
+    "deep_check_skips_the_crc",
+    "tail_not_truncated",
+    "identity_not_checked",
+    "damaged_next_trusted",
+    "merge_ignores_the_tokenizer",
+)
+
+
 def build_c(paths) -> None:
     """A mutated C source is rebuilt in place, as `pip install -e .` builds it (pyproject's ext-modules)."""
     import sysconfig
@@ -932,8 +978,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="mutations to run (default: all)")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="the subset CI runs (FAST)")
     a = ap.parse_args()
-    names = a.names or list(MUTATIONS)
+    names = a.names or (list(FAST) if a.fast else list(MUTATIONS))
     if a.list:
         for n in names:
             print(f"{n:34s} {MUTATIONS[n][0]}  ->  {' '.join(MUTATIONS[n][3])}")

@@ -323,3 +323,40 @@ def test_the_sample_is_the_whole_conversations_first_max_length_tokens_around_th
         ids, mask = data.tokenize_within(tok, msgs, dcfg(sources=[], max_length=max_length))
         assert np.array_equal(ids[:max_length], full_ids[:max_length]), max_length
         assert np.array_equal(mask[:max_length], full_mask[:max_length]), max_length
+
+
+# -- merge and resume refuse the same identity differences ------------------------------------------
+def leaves(d: dict, path=()):
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from leaves(v, (*path, k))
+        else:
+            yield (*path, k)
+
+
+def test_merge_and_resume_refuse_exactly_the_same_identity_differences():
+    """Over every field of a real identity, each changed in turn: a resume refuses every change
+    (identity_diff), and a merge (merge.differences) refuses the same ones, but the job's share of
+    the data (which records a job took)."""
+    import copy
+
+    from recipe.provenance import identity
+    from recipe.shards.merge import JOB_SPLIT, differences
+    from recipe.shards.store import identity_diff
+
+    tok = {"sha256": "t", "files": {"tokenizer.json": "a", "chat_template.jinja": "b"}, "remote_code": None,
+           "chat_template_sha256": "b"}  # fmt: skip
+    cfg = compose(["output_dir=/tmp/o", "+data.chat_template_kwargs.thinking=false"])
+    base = identity(cfg, "fp", tok, [{"source": "s", "sha256": "h"}])
+    fields_seen = sorted(leaves(base))
+    names = {".".join(p) for p in fields_seen}
+    assert {"tokenizer.chat_template_sha256", "data.overflow", "data.max_length", "capture.layers"} <= names
+    for keys in fields_seen:
+        other, path = copy.deepcopy(base), ".".join(keys)
+        node = other
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = ["changed"] if node[keys[-1]] != ["changed"] else ["other"]
+        split = any(path == k or path.startswith(k + ".") for k in JOB_SPLIT)
+        assert identity_diff(base, other), f"a resume accepts another {path}"
+        assert bool(differences(base, other)) == (not split), f"merge and resume disagree on {path}"

@@ -110,18 +110,23 @@ def test_sigterm_sigint_stop_gracefully_then_resume(tmp_path, sig):
     ids = expected_ids(tmp_path)
     out = tmp_path / "out"
     p = start(tmp_path, out)
-    # wait until packing is under way, then signal
+    # wait until packing is under way, then freeze the run, so that the signal surely lands before
+    # its last sample (the asserts below then always run): it is delivered as the run continues
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not ((out / "index.jsonl").exists() and (out / "index.jsonl").read_bytes()):
         time.sleep(0.05)
+    p.send_signal(signal.SIGSTOP)
+    stored = len((out / "index.jsonl").read_bytes().splitlines())
+    assert stored < len(ids), "the run finished before the signal: this test would prove nothing"
     p.send_signal(sig)
+    p.send_signal(signal.SIGCONT)
     rc = p.wait(timeout=120)
     log = p.stdout.read()
     m = json.loads((out / "manifest.json").read_text())
     c = m["counts"]
     assert c["ok"] + c["not_done"] + sum(c["failed"].values()) + sum(c["skipped"].values()) == c["input"]
-    if c["not_done"]:
-        assert rc != 0 and "interrupted" in log and "run the same command again to resume" in log
+    assert c["not_done"] > 0 and rc != 0
+    assert "interrupted" in log and "run the same command again to resume" in log
     assert verify(out) == []
     p = start(tmp_path, out)
     assert p.wait(timeout=300) == 0
@@ -159,27 +164,34 @@ def test_dump_budget_is_never_exceeded(tmp_path, writers):
             w.write_pass([f"hsx-{i:02d}"], [0], [100], np.arange(100), piece, lasts=[True])
         return w
 
-    threads = [threading.Thread(target=watch), threading.Thread(target=slow_packer)]
+    threads = [threading.Thread(target=watch, daemon=True), threading.Thread(target=slow_packer, daemon=True)]
     for t in threads:
         t.start()
-    if kind == "processes":
-        procs = [mp.get_context("fork").Process(target=produce, args=(k,)) for k in range(n)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        assert [p.exitcode for p in procs] == [0] * n
-    else:
-        w = CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
-        producers = [threading.Thread(target=produce, args=(k, w)) for k in range(n)]
-        for t in producers:
-            t.start()
-        for t in producers:
-            t.join()
-        assert w.waited_s > 0.5  # the producer really was held back
-    stop.set()
+    try:  # a writer deadlock fails here in a minute, not at pytest's 600 s timeout
+        if kind == "processes":
+            procs = [mp.get_context("fork").Process(target=produce, args=(k,)) for k in range(n)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(60)
+            hung = [p for p in procs if p.is_alive()]
+            for p in hung:
+                p.kill()
+            assert not hung, "writers deadlocked on the dump budget"
+            assert [p.exitcode for p in procs] == [0] * n
+        else:
+            w = CaptureWriter(dump, budget, "hsx-", poll_s=0.005)
+            producers = [threading.Thread(target=produce, args=(k, w), daemon=True) for k in range(n)]
+            for t in producers:
+                t.start()
+            for t in producers:
+                t.join(60)
+            assert not any(t.is_alive() for t in producers), "writers deadlocked on the dump budget"
+            assert w.waited_s > 0.5  # the producer really was held back
+    finally:
+        stop.set()
     for t in threads:
-        t.join()
+        t.join(10)
     assert 8 * size <= peak[0] <= budget  # full, never over
     assert not list(dump.glob(records.RESERVATION + "*"))  # every reservation released
 

@@ -293,11 +293,12 @@ def mk_sample(i, n, rng):
     )
 
 
-def packer_for(tmp_path, slots=2, **kw):
+def packer_for(tmp_path, slots=2, start=True, **kw):
     store = ShardStore(tmp_path / "out", {"format": "t", "model_fingerprint": "m", "capture": {}})
     dump = tmp_path / "dump"
     dump.mkdir(exist_ok=True)
-    return store, dump, Packer(dump, store, Codec(), [f"s{k}" for k in range(slots)], workers=2, **kw).start()
+    packer = Packer(dump, store, Codec(), [f"s{k}" for k in range(slots)], workers=2, **kw)
+    return store, dump, packer.start() if start else packer
 
 
 def finish(store, packer, tmp_path):
@@ -313,7 +314,7 @@ def test_chunked_records_reassemble(tmp_path):
     rng = np.random.default_rng(0)
     a, b, c = mk_sample(0, 300, rng), mk_sample(1, 50, rng), mk_sample(2, 120, rng)
     H = {s.id: rng.integers(1, 30000, (len(s.input_ids), 2, 8)).astype(np.uint16) for s in (a, b, c)}
-    store, dump, packer = packer_for(tmp_path)
+    store, dump, packer = packer_for(tmp_path, start=False)  # every piece on disk before its first scan
     w = CaptureWriter(dump, 1 << 30, "hsx-")
     for s in (a, b, c):
         packer.expect("hsx-" + s.id, s)
@@ -334,6 +335,7 @@ def test_chunked_records_reassemble(tmp_path):
         np.concatenate([H["s0"][206:], np.ones((1, 2, 8), np.uint16), H["s2"]]),
     )
     assert not list(dump.glob("HEALTH*"))  # not the recipe's request: never dumped
+    packer.start()
     for s in (a, b, c):
         packer.responded("hsx-" + s.id)
     r = finish(store, packer, tmp_path)

@@ -1,9 +1,10 @@
 """Merge shard sets (one per data-parallel job) into one index + manifest.
 
 Shard files are hard-linked into OUT/shards (copied across filesystems) under a per-set prefix; the
-index is rewritten to point at them. Sets must agree on what a sample is: format, model
-fingerprint, capture spec, tokenizer and chat template, max_length and overflow (their data split
-may differ). A sample id present in several sets is kept once and reported: ids are unique in OUT.
+index is rewritten to point at them. Sets must agree on every field of the identity a resume
+compares (`differences`, the same function), but their job's share of the data. A sample id
+present in several sets is kept once and reported: ids are unique in OUT. An input that does not
+verify is refused; OUT never aliases an input, and no file in it is ever written over.
 """
 
 from __future__ import annotations
@@ -34,15 +35,21 @@ from .store import (
 )
 
 SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")  # which records a job took, not what a sample is
+JOB_SPLIT = frozenset(f"data.{k}" for k in SPLIT_KEYS)
 
 
-def sample_identity(d: Path, manifest: dict) -> dict:
-    """The part of a set's identity that must agree for its samples to be interchangeable: all of
-    what a resume checks (format, model, capture, tokenizer and template, every data setting that
-    changes a sample: max_length, overflow, chat_template_kwargs, ...) except the job's share."""
-    ident = read_identity(d) or manifest
-    data = {k: v for k, v in (ident.get("data") or {}).items() if k not in SPLIT_KEYS}
-    return {k: ident.get(k) for k in ("format", "model_fingerprint", "capture", "tokenizer")} | {"data": data}
+def set_identity(d: Path, manifest: dict) -> dict:
+    """A set's identity: identity.json, else the manifest's copy of it, else (a set from before
+    both) the manifest's own fields."""
+    saved = manifest.get("identity")
+    legacy = {k: manifest.get(k) for k in ("format", "model_fingerprint", "capture", "tokenizer", "data")}
+    return read_identity(d) or (saved if isinstance(saved, dict) else legacy)
+
+
+def differences(a: dict, b: dict, names=("first", "second")) -> list[str]:
+    """What makes two sets' samples differ: every identity field a resume compares (the same
+    function), but the job's share of the data."""
+    return identity_diff(a, b, names=names, ignore=JOB_SPLIT)
 
 
 class MergeError(UserError, ValueError):
@@ -63,9 +70,9 @@ def merge(out, inputs) -> dict:
         problem = damaged(Path(d))
         if problem:
             raise MergeError(f"{d} does not verify ({problem}): mend it first (`python -m recipe.shards verify {d}`)")
-    want = sample_identity(inputs[0], manifests[0])
+    want = set_identity(Path(inputs[0]), manifests[0])
     for d, m in zip(inputs[1:], manifests[1:]):
-        diff = identity_diff(want, sample_identity(d, m), names=(f"{inputs[0]}:", f"{d}:"))
+        diff = differences(want, set_identity(Path(d), m), names=(f"{inputs[0]}:", f"{d}:"))
         if diff:
             raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
     records, duplicates = link_shards_and_join_indexes(out, inputs)

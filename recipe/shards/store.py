@@ -42,14 +42,19 @@ class ProvenanceMismatch(UserError, RuntimeError):
     pass
 
 
-def identity_diff(old: dict, new: dict, prefix: str = "", names=("on disk", "this run")) -> list[str]:
+def identity_diff(
+    old: dict, new: dict, prefix: str = "", names=("on disk", "this run"), ignore=frozenset()
+) -> list[str]:
     """Human-readable differences between two identities, one 'key: on disk X, this run Y' each
-    (`names`: what old and new are)."""
+    (`names`: what old and new are). The one comparison a resume and a merge make: a merge passes
+    the job split as `ignore` (dotted keys), a resume nothing."""
     out = []
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k), new.get(k)
+        if f"{prefix}{k}" in ignore:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
-            out += identity_diff(a, b, f"{prefix}{k}.", names)
+            out += identity_diff(a, b, f"{prefix}{k}.", names, ignore)
         elif a != b:
             out.append(f"{prefix}{k}: {names[0]} {json.dumps(a)}, {names[1]} {json.dumps(b)}")
     return out
