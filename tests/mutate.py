@@ -2,7 +2,7 @@
 survive. The guarantee tests are only worth something if every mutation here is caught.
 
     python tests/mutate.py            # all (about 30 minutes on 2 cores)
-    python tests/mutate.py --fast     # the subset CI runs (about 4 minutes)
+    python tests/mutate.py --fast     # the subset CI runs (about 3 minutes)
     python tests/mutate.py --list
     python tests/mutate.py coverage_one_short inf_not_flagged
 
@@ -898,7 +898,7 @@ MUTATIONS = {
 }
 
 
-# What CI runs (`--fast`, about 4 minutes on 2 cores): the store's and the input's guarantees, each
+# What CI runs (`--fast`, about 3 minutes on 2 cores): the store's and the input's guarantees, each
 # mutation's tests in the fast group. The whole list runs by hand (about 30 minutes).
 FAST = (
     "cut_without_its_margin",
