@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import preflight, schema, units
 from .backends import make_backend
+from .capture.architectures import refuse_undumped
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .data import Plan, build_plan, sample_key
 from .errors import ModelDirError, OutputDirError, UserError, disk_full
@@ -100,6 +101,8 @@ def plan(cfg) -> Job:
     log_folders(cfg)
     check_output_dir(out)
     model_dir = resolve_model_path(cfg.model.path)
+    if cfg.backend.name == "sglang":  # a class the patched server serves without dumping: refused here
+        refuse_undumped(model_dir)
     shape = read_model_shape(cfg, model_dir)
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
     t0 = time.monotonic()

@@ -23,6 +23,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "sglang_runs_an_architecture_it_cannot_dump": (
+        "recipe/main.py",
+        'if cfg.backend.name == "sglang":  # a class',
+        'if cfg.backend.name == "none":  # a class',
+        ["tests/test_architectures.py::test_the_recipe_refuses_it_before_tokenizing_or_writing"],
+    ),
+    "architectures_accept_any_class": (
+        "recipe/capture/architectures.py",
+        "if name not in DUMPED and name not in WRAPPERS:",
+        "if name not in DUMPED and name in WRAPPERS:",
+        ["tests/test_architectures.py::test_an_architecture_without_dumps_is_refused_in_one_line_naming_it"],
+    ),
+    "architectures_list_a_class_that_runs_no_patch": (
+        "recipe/capture/architectures.py",
+        '"TeleFLMForCausalLM",',
+        '"TeleFLMForCausalLM",\n        "GptOssForCausalLM",',
+        ["tests/test_architectures.py::test_the_accepted_architectures_are_the_ones_the_patched_wheel_dumps"],
+    ),
     "draft_trains_toward_a_post_norm_teacher": (
         "recipe/shards/trainers.py",
         'speculators_raw(x, self.n_aux, "pre-norm-equivalent", self.norm_weight)',
