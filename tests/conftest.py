@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,16 @@ def small_run_cfg(tmp, *extra, limit=8):
             *extra,
         ]
     )
+
+
+def unpack_models(wheel: Path, dest: Path) -> Path:
+    """The files of the pinned wheel the patch and its tests read: the model files and the dist-info."""
+    with zipfile.ZipFile(wheel) as z:
+        for n in z.namelist():
+            models = n.endswith(".py") and n.startswith("sglang/srt/models/")
+            if models or n.startswith(f"sglang-{SGLANG_VERSION}.dist-info/") or n == "sglang/__init__.py":
+                z.extract(n, dest)
+    return dest
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,10 @@ import ast
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SGLANG_VERSION
+from conftest import ROOT, SGLANG_VERSION, unpack_models
 
 from recipe import patch
 from recipe.capture import architectures
@@ -54,11 +53,7 @@ def runs_patched(classes, name: str, meth: str) -> bool:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, sglang_wheel):
-    site = tmp_path_factory.mktemp("site")
-    with zipfile.ZipFile(sglang_wheel) as z:
-        for n in z.namelist():
-            if n.startswith(("sglang/srt/models/", f"sglang-{SGLANG_VERSION}.dist-info/")) or n == "sglang/__init__.py":
-                z.extract(n, site)
+    site = unpack_models(sglang_wheel, tmp_path_factory.mktemp("site"))
     patch.apply(site, SGLANG_VERSION)
     return site / "sglang/srt/models"
 
@@ -106,5 +101,6 @@ def test_the_recipe_refuses_it_before_tokenizing_or_writing(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert r.returncode != 0
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert "Gemma3ForCausalLM is not dumped by the patched SGLang" in r.stderr + r.stdout
     assert not out.exists()

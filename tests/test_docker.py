@@ -9,11 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SGLANG_VERSION
+from conftest import ROOT, SGLANG_VERSION, unpack_models
 
 if not (ROOT / "Dockerfile").exists():  # inside the image (compose's test profile): no Docker files there
     pytest.skip("the repository's Docker files are not in the image", allow_module_level=True)
@@ -60,12 +59,7 @@ def test_dockerfile_commands_are_recipe_commands():
 @pytest.fixture(scope="module")
 def fake_site(tmp_path_factory, sglang_wheel):
     """The pinned wheel's package files and dist-info, importable-by-path (find_spec) but not imported."""
-    site = tmp_path_factory.mktemp("site")
-    with zipfile.ZipFile(sglang_wheel) as z:
-        for n in z.namelist():
-            if n.startswith(("sglang/srt/models/", "sglang-0.5.16.dist-info/")) or n == "sglang/__init__.py":
-                z.extract(n, site)
-    return site
+    return unpack_models(sglang_wheel, tmp_path_factory.mktemp("site"))
 
 
 def recipe_patch(site, *args):

@@ -56,13 +56,12 @@ def first_point(arg: str) -> str:
     key, _, value = arg.partition("=")
     if value.startswith("range("):
         return f"{key}=0"
-    depth, cut = 0, len(value)
+    depth = 0
     for i, ch in enumerate(value):
-        depth += ch in "[{(" and 1 or (-1 if ch in "]})" else 0)
+        depth += (ch in "[{(") - (ch in "]})")
         if ch == "," and depth == 0:
-            cut = i
-            break
-    return f"{key}={value[:cut]}"
+            return f"{key}={value[:i]}"
+    return arg
 
 
 def check_gpu_command(cmd: str) -> None:

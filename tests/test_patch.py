@@ -4,11 +4,10 @@ import ast
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SGLANG_VERSION
+from conftest import ROOT, SGLANG_VERSION, unpack_models
 
 from recipe import patch
 
@@ -23,17 +22,7 @@ PATCHED = [
 
 @pytest.fixture
 def site(tmp_path, sglang_wheel):
-    """The files of the pinned wheel that matter (the package's python files and its dist-info)."""
-    with zipfile.ZipFile(sglang_wheel) as z:
-        for n in z.namelist():
-            if (
-                n.endswith(".py")
-                and n.startswith("sglang/srt/models/")
-                or n.startswith(f"sglang-{VERSION}.dist-info/")
-                or n == "sglang/__init__.py"
-            ):
-                z.extract(n, tmp_path)
-    return tmp_path
+    return unpack_models(sglang_wheel, tmp_path)
 
 
 def cli(*args):

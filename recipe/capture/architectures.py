@@ -16,7 +16,7 @@ from ..errors import UserError
 log = logging.getLogger(__name__)
 
 # Entry classes of SGLang 0.5.16 that run a patched `__init__` and `forward`: the four patched
-# classes and their subclasses that keep both (tests/test_patch.py derives the same set from the
+# classes and their subclasses that keep both (tests/test_architectures.py derives the same set from the
 # pinned wheel's source, drafts left out), and Kimi-K2.5's wrapper, which serves a
 # DeepseekV3ForCausalLM as its language model.
 DUMPED = frozenset(
@@ -68,7 +68,7 @@ def refuse_undumped(model_dir: Path) -> str:
     if name not in PROVEN:
         log.warning(
             "%s runs the patched SGLang code but its dumps have not been compared with HF on a GPU; "
-            "the run still refuses every request that leaves no dump",
+            "a request that leaves no dump still counts as a failed sample (no_dump)",
             name,
         )
     return name
