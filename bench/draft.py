@@ -144,7 +144,7 @@ SYSTEM = b"You are a careful Python programmer."
 
 
 class Chat:
-    """Token ids of the llama3 template (recipe.tiny.LLAMA3) on the byte tokenizer: byte b is id b;
+    """Token ids of the llama3 template (recipe.models.llama.LLAMA3) on the byte tokenizer: byte b is id b;
     with the SYSTEM turn first."""
 
     def __init__(self, tok):
@@ -196,7 +196,7 @@ def target_model(chat: Chat, seed: int, config: dict = TARGET):
     import torch
     import transformers
 
-    from recipe.tiny import VOCAB
+    from recipe.models import VOCAB
 
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -230,7 +230,7 @@ def train_target(
     kernels on a fresh machine while the target trains; the data step loads the trained weights into it."""
     import torch
 
-    from recipe.tiny import make_tokenizer
+    from recipe.models import make_tokenizer
 
     out = work / "target"
     if (out / "target.json").exists():

@@ -323,7 +323,7 @@ def main():
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     args = ap.parse_args()
     if args.fake:
-        from recipe.tiny import materialize
+        from recipe.models import materialize
 
         model_dir, vocab = materialize("tiny-llama"), 256
     else:

@@ -141,12 +141,12 @@ def prepare_model(args) -> Path:
     server); sets args.flags, the recipe overrides every product arm takes."""
     args.flags = [f"server.args.attention_backend={args.attention_backend}"]
     if args.fake:
-        from recipe.tiny import materialize
+        from recipe.models import materialize
 
         fake = Path(__file__).resolve().parent.parent / "tests" / "fake_sglang.py"
         args.flags += [f"server.command=[{sys.executable},{fake}]", "capture.layers=[1,2,3]"]
         return materialize("tiny-llama")
-    from recipe.tiny import make_tokenizer
+    from recipe.models import make_tokenizer
 
     model_dir = Path(args.model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,7 @@ OPS = {
     ),
     "plan": (
         "from omegaconf import OmegaConf; from recipe import data; from recipe.schema import DataConfig; "
-        "from recipe.tiny import make_tokenizer; "
+        "from recipe.models import make_tokenizer; "
         "cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), "
         "{'sources': [ROOT + '/huge.jsonl'], 'max_length': 2048}); "
         "p = data.build_plan(cfg, make_tokenizer()); assert p.tokens == 2048, p.tokens"

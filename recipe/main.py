@@ -30,11 +30,11 @@ from .capture.architectures import refuse_undumped
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .data import Plan, build_plan, sample_key
 from .errors import ModelDirError, OutputDirError, UserError, disk_full
+from .models import resolve_model_path
 from .packer import Packer, Progress
 from .provenance import backend_provenance, capture_spec, identity, model_fingerprint, tokenizer_provenance, versions
 from .shards.codec import Codec
 from .shards.store import ShardStore
-from .tiny import resolve_model_path
 
 log = logging.getLogger("recipe")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -181,7 +181,7 @@ def log_repairs(store: ShardStore) -> None:
 def log_folders(cfg) -> None:
     """Every folder the run writes to, first thing in its log."""
     from .backends.sglang import hydra_run_dir
-    from .tiny import cache_dir
+    from .models import cache_dir
 
     log.info(
         "writing to: output_dir=%s | run log=%s | dumps=%s (RAM disk, removed at the end)%s",

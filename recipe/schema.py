@@ -27,7 +27,7 @@ class Overflow(str, Enum):
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    path: str = MISSING  # a local model directory, or builtin:<name> (recipe/tiny.py)
+    path: str = MISSING  # a local model directory, or builtin:<name> (recipe/models/)
     num_layers: Optional[int] = None  # null: read from the checkpoint's config.json (text_config if nested)
     hidden_size: Optional[int] = None  # null: likewise; a value given here is checked against config.json
     trust_remote_code: bool = False  # the tokenizer's own code from the model folder (Kimi's tiktoken class)
@@ -272,6 +272,12 @@ def run_dir(*, _root_) -> str:
     return f"outputs/{run_name(_root_=_root_)}"
 
 
+def path_name(path: str) -> str:
+    """A model's name from its path: `builtin:tiny-gpt-oss` -> tiny-gpt-oss, `/models/Qwen3-8B` -> Qwen3-8B."""
+    path = str(path)
+    return shell_safe(path.split(":", 1)[1] if path.startswith("builtin:") else Path(path.rstrip("/")).name)
+
+
 def shell_safe(text: str) -> str:
     """A sweep folder name any shell takes unquoted: `capture.layers=[1,2]` -> `capture.layers=1-2`."""
     import re
@@ -280,8 +286,9 @@ def shell_safe(text: str) -> str:
 
 
 def register() -> None:
-
-    for name, fn in (("hs.run_name", run_name), ("hs.run_dir", run_dir), ("hs.shell_safe", shell_safe)):
+    resolvers = (("hs.run_name", run_name), ("hs.run_dir", run_dir), ("hs.shell_safe", shell_safe),
+                 ("hs.path_name", path_name))  # fmt: skip
+    for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
     cs = ConfigStore.instance()

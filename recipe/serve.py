@@ -18,7 +18,7 @@ from .backends.sglang import Server, hydra_run_dir, server_argv, server_env
 from .capture.dumpdir import dump_dir
 from .errors import UserError
 from .main import CONF_DIR
-from .tiny import resolve_model_path
+from .models import resolve_model_path
 
 schema.register()
 

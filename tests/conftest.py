@@ -19,7 +19,7 @@ def _cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(_cache):
-    from recipe.tiny import materialize
+    from recipe.models import materialize
 
     return materialize("tiny-llama")
 

@@ -581,6 +581,14 @@ MUTATIONS = {
         "order = range(len(self.dataset(root)))",
         ["tests/test_export.py::test_specforge_trainer_reads_the_shards_as_it_reads_an_export"],
     ),
+    "speculators_gain_ignores_one_plus_w": (
+        "recipe/shards/export.py",
+        "return w.float() + 1 if kind in ZERO_CENTERED else w",
+        "return w",
+        [
+            "tests/test_export.py::test_speculators_teacher_is_right_for_a_one_plus_w_norm_and_refused_where_speculators_reads_w"
+        ],
+    ),
     "patch_reads_hs_dump_unguarded": (
         "patches/sglang/v0.5.16/llama.patch",
         '+        if getattr(self, "hs_dump", None) is not None:',

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from test_data import dcfg
 
 from recipe import data
-from recipe.tiny import make_tokenizer
+from recipe.models import make_tokenizer
 
 
 def jsonl(path: Path, records) -> Path:

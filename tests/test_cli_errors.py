@@ -73,7 +73,7 @@ def test_help_lists_the_groups_options_and_not_the_internal_schemas(tmp_path):
     r = subprocess.run([sys.executable, "-m", "recipe", "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "backend: hf, sglang\n" in r.stdout and "_schema" not in r.stdout
-    assert "experiment: cpu, kimi-k2.5, llama-3.1-8b, tiny-sglang" in r.stdout
+    assert "experiment: cpu, gpt-oss-120b, kimi-k2.5, llama-3.1-8b, tiny-sglang" in r.stdout
 
 
 @pytest.mark.parametrize("code,status", [(None, 0), (3, 3), ("a message", 1)])

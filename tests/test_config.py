@@ -210,3 +210,29 @@ def test_a_default_group_sets_no_default_the_schema_holds(path, schema_name):
     yaml.pop("name", None)  # the backend group's own name: it picks the backend, as the schema's does
     again = sorted(set(yaml) & held)
     assert not again, f"{path} sets defaults the schema already holds ({schema_name}): {again}"
+
+
+def test_the_gpt_oss_experiments_server_flags_are_ones_sglang_accepts_for_it(tmp_path, sglang_wheel):
+    """Read against the pinned SGLang's own source: an attention backend its GptOssForCausalLM branch
+    accepts (the ones with attention sinks), a MoE runner it knows, and no quantization flag (the MXFP4
+    block is read from the checkpoint: the triton_kernels runner needs `quantization is None`)."""
+    import ast
+    import zipfile
+
+    with zipfile.ZipFile(sglang_wheel) as z:
+        server_args = z.read("sglang/srt/server_args.py").decode()
+        overrides = z.read("sglang/srt/arg_groups/overrides.py").decode()
+    tree = ast.parse(server_args)
+    branch = next(n for n in ast.walk(tree) if isinstance(n, ast.If) and "GptOssForCausalLM" in ast.unparse(n.test))
+
+    def assigned(body, name):
+        return next(
+            ast.literal_eval(a.value) for a in body if isinstance(a, ast.Assign) and ast.unparse(a.targets[0]) == name
+        )
+
+    supported, runners = assigned(branch.body, "supported_backends"), assigned(tree.body, "MOE_RUNNER_BACKEND_CHOICES")
+    args = compose(["experiment=gpt-oss-120b", "output_dir=/o"]).server.args
+    assert args.attention_backend in supported and args.attention_backend in {"fa3", "triton", "trtllm_mha", "fa4"}
+    assert args.moe_runner_backend in runners
+    assert 'overrides["moe_runner_backend"] = "triton_kernel"' in overrides  # SGLang's own pick on Hopper
+    assert "quantization" not in args and int(args.get("ep_size") or 1) == 1

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe import data
-from recipe.tiny import make_tokenizer
+from recipe.models import make_tokenizer
 
 
 def dcfg(**kw):
@@ -293,7 +293,7 @@ def test_compressed_lines_json_arrays_and_stdin_read_as_the_plain_file(tmp_path)
     for name in ("c.jsonl.gz", "c.jsonl.zst", "c.json"):
         assert ids(tmp_path / name) == want, name
     probe = (
-        "import sys, json; from recipe import data; from recipe.tiny import make_tokenizer; "
+        "import sys, json; from recipe import data; from recipe.models import make_tokenizer; "
         "from tests.test_data import dcfg; "
         "p = data.build_plan(dcfg(sources=['/dev/stdin'], max_failures=0), make_tokenizer()); "
         "print(json.dumps([s.id for s in p.samples]))"

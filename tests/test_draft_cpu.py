@@ -38,7 +38,7 @@ N_AUX, STEPS, TRAIN, HELD_OUT = 3, 200, 120, 40
 
 
 def make_target(work):
-    from recipe.tiny import make_tokenizer
+    from recipe.models import make_tokenizer
 
     tok = make_tokenizer("llama3")
     chat = draft.Chat(tok)

@@ -19,8 +19,8 @@ import draft_peer  # noqa: E402
 import peers  # noqa: E402
 
 from recipe.main import run  # noqa: E402
+from recipe.models import make_tokenizer  # noqa: E402
 from recipe.shards.export import specforge_file  # noqa: E402
-from recipe.tiny import make_tokenizer  # noqa: E402
 
 TINY = dict(draft.TARGET, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 

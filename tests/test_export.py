@@ -405,3 +405,36 @@ def test_every_exported_tensor_has_the_targets_dtype_and_the_size_its_shape_impl
             assert t.dtype == want[name], (f.name, name, t.dtype)
             payload += t.numel() * t.element_size()
         assert f.stat().st_size < payload + 64 << 10, (f.name, f.stat().st_size, payload)  # headers only beyond it
+
+
+def test_speculators_teacher_is_right_for_a_one_plus_w_norm_and_refused_where_speculators_reads_w(tmp_path):
+    """Gemma-3's final norm multiplies by (1 + w): the exported last slot through speculators' own
+    verifier norm (the class speculators picks for this checkpoint) gives back the stored post-norm state.
+    Qwen3-Next's is (1 + w) too, but speculators 0.9.0 applies w: no slot can make its teacher right."""
+    trainer("speculators")
+    from types import SimpleNamespace
+
+    from speculators.models.utils import GEMMA_STYLE_FINAL_NORM_MODEL_TYPES, resolve_verifier_norm_class
+
+    from recipe.models import materialize
+    from recipe.shards.export import SPECULATORS_ZERO_CENTERED
+    from recipe.shards.trainers import SpeculatorsDataset
+
+    assert GEMMA_STYLE_FINAL_NORM_MODEL_TYPES == SPECULATORS_ZERO_CENTERED
+    for name in ("tiny-gemma-3", "tiny-qwen3-next"):
+        cfg = compose([f"output_dir={tmp_path / name}", f"capture.dump_dir={tmp_path / 'shm'}", "data.limit=3",
+                       f"model.path=builtin:{name}", "log_every_s=1000"])  # fmt: skip
+        run(cfg)
+    gemma = materialize("tiny-gemma-3")
+    verifier = SimpleNamespace(speculators_config=SimpleNamespace(verifier=SimpleNamespace(name_or_path=str(gemma))))
+    norm = resolve_verifier_norm_class(verifier)(H, eps=json.loads((gemma / "config.json").read_text())["rms_norm_eps"])
+    norm.load_state_dict({"weight": final_norm_weight(gemma)})
+    r, ds = ShardReader(tmp_path / "tiny-gemma-3"), SpeculatorsDataset(tmp_path / "tiny-gemma-3")
+    for i, sid in enumerate(r.ids):
+        post = r.get(sid)["hidden"][:, N_AUX].float()
+        with torch.no_grad():
+            theirs = norm(ds[i]["verifier_last_hidden_states"].float())
+        assert torch.allclose(theirs, post, rtol=0.02, atol=0.02 * post.abs().max().item())
+    with pytest.raises(ExportError, match="qwen3_next's final norm multiplies by \\(1 \\+ w\\), which speculators"):
+        export("speculators", tmp_path / "tiny-qwen3-next", tmp_path / "sp")
+    assert not (tmp_path / "sp").exists()

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from recipe import int4
 from recipe.errors import ModelDirError
-from recipe.tiny import materialize
+from recipe.models import materialize
 
 LINEAR = re.compile(r"(_proj|_proj_with_mqa|lm_head)\.weight$")
 

@@ -69,7 +69,7 @@ def exactly_once(out, n):
 
 
 def changed_template_model(tmp):
-    from recipe.tiny import materialize
+    from recipe.models import materialize
 
     src = materialize("tiny-llama")
     dst = tmp / "tiny-other-template"
@@ -88,7 +88,7 @@ def other_weights_model(tmp):
     """The same architecture, one weight changed: another model to the fingerprint."""
     from safetensors.torch import load_file, save_file
 
-    from recipe.tiny import materialize
+    from recipe.models import materialize
 
     dst = tmp / "tiny-other-weights"
     shutil.copytree(materialize("tiny-llama"), dst)

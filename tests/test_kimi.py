@@ -1,4 +1,4 @@
-"""Kimi-K2.5's layout on the CPU: builtin:tiny-kimi-k2.5 (recipe/tiny_kimi.py) through the recipe
+"""Kimi-K2.5's layout on the CPU: builtin:tiny-kimi-k2.5 (recipe/models/kimi_k25.py) through the recipe
 with the HF backend. The same checkpoint is served by SGLang's Kimi wrapper in tests/gpu."""
 
 import json
@@ -10,9 +10,9 @@ from conftest import ROOT, small_run_cfg
 
 from recipe import data
 from recipe.main import run
+from recipe.models import materialize
 from recipe.shards import ShardReader
 from recipe.shards.verify import verify
-from recipe.tiny import materialize
 
 KIMI = ["model.path=builtin:tiny-kimi-k2.5", "model.name=tiny-kimi-k2.5", "model.default_layers=[1,2,3]"]
 
@@ -71,7 +71,7 @@ def test_hf_reads_the_language_model_out_of_the_kimi_layout(kimi_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from recipe.backends.hf import load_causal_lm
-    from recipe.tiny import make_model
+    from recipe.models import make_model
 
     got = load_causal_lm(kimi_dir, torch.bfloat16).state_dict()
     want = make_model("tiny-deepseek-v3").state_dict()

@@ -219,7 +219,7 @@ def test_every_record_is_a_sample_or_a_counted_skip_whatever_the_first_bytes(tmp
     from test_data import dcfg
 
     from recipe import data
-    from recipe.tiny import make_tokenizer
+    from recipe.models import make_tokenizer
 
     recs = [json.dumps(two_turns(i)) for i in range(5)]
     text = {
@@ -394,7 +394,7 @@ def test_tool_calls_train_on_what_the_template_renders_or_are_refused_saying_why
     from test_data import dcfg
 
     from recipe import data
-    from recipe.tiny import make_tokenizer
+    from recipe.models import make_tokenizer
 
     p = tmp_path / "tools.jsonl"
     p.write_text(json.dumps(tool_record(content)) + "\n" + json.dumps(two_turns(0)) + "\n")

@@ -79,7 +79,7 @@ def test_same_data_check_cuts_batch_padding_and_sees_each_difference(tmp_path):
 def test_the_bf16_band_holds_a_bf16_copy_and_not_a_state_moved_past_it(tmp_path):
     """bf16's own band (HF bf16 against HF float32, x2, per slot) lets through SpecForge's states when
     they are ours, and sees one slot moved by more than the band."""
-    from recipe.tiny import resolve_model_path
+    from recipe.models import resolve_model_path
 
     data, _ = peers.write_data(tmp_path, 4, 100, 300)
     ours, theirs = specforge_layout(tmp_path, data)
@@ -98,8 +98,8 @@ def test_a_band_rebuilt_for_an_earlier_run_tokenizes_as_the_recipe_and_holds_its
     """For a run whose files are gone: the band from the data's own tokenization equals the band from the
     shards' ids, the data is recognised by its token count, and a slot whose worst distance passed the
     band says so."""
+    from recipe.models import resolve_model_path
     from recipe.shards import ShardReader
-    from recipe.tiny import resolve_model_path
 
     data, _ = peers.write_data(tmp_path, 4, 100, 300)
     ours, _ = specforge_layout(tmp_path, data)

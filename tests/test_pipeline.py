@@ -110,14 +110,14 @@ def test_the_runs_tail_is_reported_from_the_last_computed_sample_to_the_last_sto
 
 
 def test_a_damaged_builtin_model_cache_is_rebuilt(tmp_path, monkeypatch):
-    from recipe import tiny
+    from recipe import models
 
     monkeypatch.setenv("RECIPE_CACHE", str(tmp_path))
-    d = tiny.materialize("tiny-llama")
+    d = models.materialize("tiny-llama")
     w = d / "model.safetensors"
     good = w.read_bytes()
     w.write_bytes(good[: len(good) // 2])  # a copy cut short
-    assert tiny.materialize("tiny-llama") == d and w.read_bytes() == good  # deterministic weights: rebuilt equal
+    assert models.materialize("tiny-llama") == d and w.read_bytes() == good  # deterministic weights: rebuilt equal
 
 
 @pytest.mark.timeout(60)  # a sample the backend neither dumps nor fails is waited for: fail fast, not hang

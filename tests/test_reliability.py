@@ -47,7 +47,7 @@ def expected_ids(tmp):
     from transformers import AutoTokenizer
 
     from recipe.data import build_plan
-    from recipe.tiny import materialize
+    from recipe.models import materialize
 
     cfg = compose(ARGS + [f"output_dir={tmp}"])
     return sorted(s.id for s in build_plan(cfg.data, AutoTokenizer.from_pretrained(materialize("tiny-llama"))).samples)

@@ -20,6 +20,8 @@ from ..int4 import quantization_of, write_dequantized
 from ..schema import CaptureConfig, HFBackendConfig
 
 log = logging.getLogger(__name__)
+# what a multimodal checkpoint holds beside its language model: Kimi-K2.5's, Llama-4's
+VISION = ("vision_tower.", "mm_projector.", "vision_model.", "multi_modal_projector.")
 
 
 def batches(samples, max_tokens: int, max_size: int):
@@ -72,7 +74,7 @@ def load_causal_lm(model_dir, dtype, **kw):
             )
     finally:
         hf_logging.set_verbosity(verbosity)
-    foreign = [k for k in info["unexpected_keys"] if not k.startswith(("vision_tower.", "mm_projector."))]
+    foreign = [k for k in info["unexpected_keys"] if not k.startswith(VISION)]
     if info["missing_keys"] or foreign or info["mismatched_keys"]:
         raise RuntimeError(
             f"{model_dir}: language_model.* weights do not fit {type(model).__name__}: "

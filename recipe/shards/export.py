@@ -14,9 +14,10 @@ speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset +
   OUT/hidden_states/hs_{i}.safetensors = {token_ids [L], hidden_states [L, K+1, H]}, row i of the
   dataset aligned with hs_i. Its layer ids are ours. Its last slot must be the *pre-norm* final
   state: the trainer applies the verifier's norm itself (`verifier_norm` then `verifier_lm_head`).
-  We store post-norm, so the last slot is a pre-norm equivalent: for RMSNorm with weight w,
-  x = post / w has RMS 1 (post = w * h / rms(h)), hence norm(x) = w * x / rms(x) = post, up to eps
-  and one bf16 rounding. It needs only the checkpoint's final-norm weight, no re-extraction.
+  We store post-norm, so the last slot is a pre-norm equivalent: for RMSNorm with gain g (the weight
+  w, or 1 + w in Gemma's and Qwen3-Next's), x = post / g has RMS 1 (post = g * h / rms(h)), hence
+  norm(x) = g * x / rms(x) = post, up to eps and one bf16 rounding. It needs only the checkpoint's
+  final-norm weight, no re-extraction (`final_norm_gain`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,34 @@ def final_norm_weight(model_dir: str | Path):
         return f.get_tensor(keys[0])
 
 
+# model types whose RMSNorm multiplies by (1 + w), not w (transformers' Gemma and Qwen3-Next/3.5 classes)
+ZERO_CENTERED = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "recurrent_gemma", "qwen3_next", "qwen3_5",
+                           "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})  # fmt: skip
+# the ones speculators 0.9.0's verifier_norm applies (1 + w) for (speculators/models/utils.py); for any
+# other it applies w to the checkpoint's weight
+SPECULATORS_ZERO_CENTERED = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_5", "qwen3_5_text",
+                                       "recurrent_gemma"})  # fmt: skip
+
+
+def model_type(model_dir: str | Path) -> str:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return str(cfg.get("text_config", {}).get("model_type") or cfg.get("model_type") or "").lower()
+
+
+def final_norm_gain(model_dir: str | Path):
+    """What speculators' verifier_norm multiplies the normalised state by, per channel: the checkpoint's
+    final-norm weight w, or 1 + w where the model and speculators both read it so. A model whose norm is
+    (1 + w) but which speculators reads as w would get a wrong teacher however the slot is written:
+    refused in one line."""
+    w, kind = final_norm_weight(model_dir), model_type(model_dir)
+    if kind in ZERO_CENTERED and kind not in SPECULATORS_ZERO_CENTERED:
+        raise ExportError(
+            f"{model_dir}: {kind}'s final norm multiplies by (1 + w), which speculators 0.9.0 applies as w: its "
+            "teacher would be wrong; train this model with SpecForge, or pass --final-norm keep-post-norm"
+        )
+    return w.float() + 1 if kind in ZERO_CENTERED else w
+
+
 def model_dir_of(reader: ShardReader, model_dir=None) -> Path:
     path = Path(model_dir or reader.manifest["model"]["path"])
     if not (path / "config.json").exists():
@@ -172,7 +201,7 @@ def export(
         raise ExportError(f"--workers {workers}: at least 1")
     norm_w = None
     if fmt == "speculators" and final_norm == "pre-norm-equivalent":
-        norm_w = final_norm_weight(model_dir_of(r, model_dir))
+        norm_w = final_norm_gain(model_dir_of(r, model_dir))
     info = {
         "format": fmt,
         "source": str(Path(src).resolve()),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .export import ExportError, final_norm_weight, model_dir_of, specforge_file, specforge_raw, speculators_raw
+from .export import ExportError, final_norm_gain, model_dir_of, specforge_file, specforge_raw, speculators_raw
 from .reader import ShardReader
 
 
@@ -54,7 +54,7 @@ class SpeculatorsDataset(_ShardDataset):
     def __init__(self, root: str | Path, max_len: int = 2048, model_dir: str | Path | None = None):
         super().__init__(root)
         self.max_len = max_len
-        self.norm_weight = final_norm_weight(model_dir_of(self.reader, model_dir))
+        self.norm_weight = final_norm_gain(model_dir_of(self.reader, model_dir))
         self.approx_lengths = [r["tokens"] for r in self.reader.records]  # its batch sampler reads this
 
     def _get_raw_data(self, i: int) -> dict:

@@ -3,7 +3,7 @@
 Run (GPU host, SGLang importable, the patch applied):
     GPU_REPORT=/tmp/gpu_report.json python -m pytest -q tests/gpu -s
 
-Two tiny models with *real* random weights (safetensors, built by recipe.tiny on this machine) are
+Two tiny models with *real* random weights (safetensors, built by recipe.models on this machine) are
 served by SGLang and compared with the HF backend on the same weights. Every figure the tests
 measure goes into GPU_REPORT (JSON), written after each test.
 
@@ -31,9 +31,9 @@ from conftest import compose
 from recipe.backends.sglang import Server, server_argv, server_env
 from recipe.capture import records, settings
 from recipe.main import RunFailed, run
+from recipe.models import materialize
 from recipe.shards import ShardReader
 from recipe.shards.verify import verify
-from recipe.tiny import materialize
 
 pytestmark = pytest.mark.gpu
 # GPU_FAKE=1: a CPU dry run of this module's plumbing against tests/fake_sglang.py (proves nothing about SGLang)
@@ -57,7 +57,7 @@ REPORT_PATH = Path(os.environ.get("GPU_REPORT", WORK / "report.json"))
 MODELS = {  # builtin name, capture layers (residual stream entering these layers), layers, hidden
     "llama": ("tiny-llama-256", [1, 3, 5], 6, 256),
     "deepseek": ("tiny-deepseek-v3", [1, 2, 3], 4, 256),
-    # Kimi-K2.5's layout (recipe/tiny_kimi.py): served by SGLang's KimiK25ForConditionalGeneration
+    # Kimi-K2.5's layout (recipe/models/kimi_k25.py): served by SGLang's KimiK25ForConditionalGeneration
     "kimi": ("tiny-kimi-k2.5", [1, 2, 3], 4, 256),
     # the same with INT4 routed experts as the real checkpoint ships them (recipe/int4.py)
     "kimi-int4": ("tiny-kimi-k2.5-int4", [1, 2, 3], 4, 256),

@@ -24,7 +24,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-ASSETS = Path(__file__).parent / "assets" / "kimi"
+ASSETS = Path(__file__).parent.parent / "assets" / "kimi"
+MODELS = {"tiny-kimi-k2.5": {"int4": False}, "tiny-kimi-k2.5-int4": {"int4": True}}
+
+
+def build(dest: Path, int4: bool = False, seed: int = 0) -> None:
+    """Its own build: the DeepSeek-V3 language model (deepseek_v3.py) inside Kimi-K2.5's layout."""
+    from . import common, deepseek_v3
+
+    write_tiny_kimi(dest, common.model(deepseek_v3, seed), int4=int4)
+
 
 KIMI_TEMPLATE = (
     "{%- set thinking = thinking if thinking is defined else true -%}"
@@ -130,7 +139,7 @@ def vision_weights(text_hidden: int, seed: int = 1) -> dict:
 
 
 def write_tiny_kimi(dest: Path, language_model, int4: bool = False) -> None:
-    """A DeepseekV3ForCausalLM (recipe.tiny.make_model) -> the Kimi-K2.5 layout in dest (int4: its experts too)."""
+    """A DeepseekV3ForCausalLM (deepseek_v3.py) -> the Kimi-K2.5 layout in dest (int4: its experts too)."""
     from safetensors.torch import save_file
 
     dest = Path(dest)
@@ -170,7 +179,7 @@ def write_tiny_kimi(dest: Path, language_model, int4: bool = False) -> None:
     text["architectures"] = ["DeepseekV3ForCausalLM"]  # SGLang reads it off text_config, as in the real one
     language = {"language_model." + k: t for k, t in checkpoint_tensors(language_model).items()}
     if int4:
-        from .int4 import QUANTIZATION_CONFIG, quantize
+        from ..int4 import QUANTIZATION_CONFIG, quantize
 
         text["quantization_config"] = QUANTIZATION_CONFIG
         language = quantize(language)

@@ -1,0 +1,90 @@
+"""What every built-in model shares: a byte-level tokenizer with a family's chat markers, random weights
+at init scale with norms far from 1, and the save that writes a checkpoint as the real one is laid out.
+
+A family module (one per architecture, the same shape in each) names its `ARCH`, chat `TEMPLATE`,
+`SPECIALS` (bos, eos, pad first), the `REAL` keys its published config.json carries that transformers'
+config class leaves out, and `config(vocab, tok, **variant)`; `build(family, dest)` does the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BYTES = 256  # every UTF-8 byte is a token: tiny, needs no training, tokenizes any text
+
+
+def tokenizer(specials: list[str], template: str):
+    """Byte-level BPE with no merges plus the family's markers (specials[:3] = bos, eos, pad)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_chars = bytes_to_unicode()
+    tok = Tokenizer(models.BPE(vocab={byte_chars[b]: b for b in range(BYTES)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    bos, eos, pad = specials[:3]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad)
+    fast.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in (bos, eos, pad)]})
+    fast.chat_template = template
+    return fast
+
+
+def vocab_size(specials: list[str]) -> int:
+    return -(-(BYTES + len(specials)) // 16) * 16  # rounded up, as real vocabularies are padded
+
+
+def token_ids(tok) -> dict:
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+
+
+def randomize(model, seed: int = 0) -> None:
+    """Init-scale weights as transformers draws them, then what init leaves at a constant made random:
+    RMSNorm scales in [0.25, 2.5] (ones hide any bug that applies a norm twice or to the wrong state:
+    one did, in a speculators export), zero-centered norms ((1 + w): Gemma, Qwen3-Next) the same
+    effective range, and zero vectors (router biases, attention sinks, score corrections) small noise,
+    so that a loader that drops one of them is seen."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, t in model.named_parameters():  # the global generator, right after init, as before
+            if name.endswith("norm.weight") and t.ndim == 1:
+                offset = 1.0 if torch.all(t == 0) else 0.0  # (1 + w) norms start at zero
+                t.uniform_(0.25, 2.5).sub_(offset)
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.is_floating_point() and t.ndim == 1 and torch.all(t == 0) and "inv_freq" not in name:
+                t.copy_(torch.randn(t.shape, generator=g) * 0.02)
+
+
+def save(model, tok, dest: Path, real: dict | None = None) -> None:
+    """Weights under their checkpoint names (save_pretrained writes per-expert names where the real
+    checkpoint has them), the tokenizer, and config.json completed with the published keys."""
+    model.save_pretrained(dest, safe_serialization=True)
+    tok.save_pretrained(dest)
+    if real:
+        path = Path(dest) / "config.json"
+        cfg = json.loads(path.read_text())
+        inner = cfg.setdefault("text_config", {}) if "text_config" in cfg else cfg
+        inner.update({k: v for k, v in real.items() if k not in inner or inner[k] is None})
+        path.write_text(json.dumps(cfg, indent=2))
+
+
+def model(family, seed: int = 0, **variant):
+    """A family's transformers module at init scale, randomized as `randomize` says."""
+    import torch
+    import transformers
+
+    tok = tokenizer(family.SPECIALS, family.TEMPLATE)
+    cfg = family.config(vocab_size(family.SPECIALS), token_ids(tok), **variant)
+    torch.manual_seed(seed)
+    m = getattr(transformers, family.ARCH)._from_config(cfg, dtype=torch.bfloat16)
+    randomize(m, seed)
+    return m
+
+
+def build(family, dest: Path, seed: int = 0, **variant) -> None:
+    """A family's tiny model into dest: tokenizer, random weights, config.json with the real keys."""
+    tok = tokenizer(family.SPECIALS, family.TEMPLATE)
+    save(model(family, seed, **variant), tok, dest, getattr(family, "REAL", None))
