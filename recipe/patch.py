@@ -194,27 +194,32 @@ def pins(version: str) -> dict:
     return {"sglang": have, "patches": [str(p.relative_to(REPO)) for p in patch_files(version)]}
 
 
-HOOK_INIT = "self.hs_dump = install(self)"
-HOOK_CALL = "self.hs_dump(forward_batch, hidden_states, aux_hidden_states)"
+# the seam: each patched file holds its one call exactly once (patches/sglang/README.md)
+HOOKS = {
+    "sglang/srt/model_executor/model_runner.py": "install(self.model)",
+    "sglang/srt/layers/logits_processor.py": "self.hs_dump(logits_metadata, hidden_states, aux_hidden_states)",
+}
 
 
 def smoke(site: Path, do_import: bool = False) -> dict:
-    """After apply: files intact, each patched model wires the hook in __init__ and forward; with
-    do_import, the patched modules import (needs SGLang's own dependencies, as in the image)."""
+    """After apply: files intact, the seam's two calls wired in once each (the target's model handed
+    to the recipe once loaded, the hook called first in LogitsProcessor.forward); with do_import, the
+    patched modules import (needs SGLang's own dependencies, as in the image)."""
     st = status(site)
     if not st.get("applied") or not st.get("intact"):
         raise PatchError(f"patch not applied or changed since: {st}")
-    for rel in st["files"]:
-        src = (site / rel).read_text()
-        if src.count(HOOK_INIT) != 1 or src.count(HOOK_CALL) != 1:
-            raise PatchError(f"{rel}: hook not wired in exactly once")
+    if sorted(st["files"]) != sorted(HOOKS):
+        raise PatchError(f"patched files {sorted(st['files'])}, the seam needs {sorted(HOOKS)}")
+    for rel, call in HOOKS.items():
+        if (site / rel).read_text().count(call) != 1:
+            raise PatchError(f"{rel}: hook not wired in exactly once ({call})")
     imported = []
     if do_import:
         import importlib
 
         for rel in st["files"]:
             mod = importlib.import_module(rel[:-3].replace("/", "."))
-            if "hs_dump" not in Path(mod.__file__).read_text():
+            if HOOKS[rel] not in Path(mod.__file__).read_text():
                 raise PatchError(f"{mod.__name__} imported from an unpatched file {mod.__file__}")
             imported.append(mod.__name__)
     return {"ok": True, "files": sorted(st["files"]), "imported": imported}

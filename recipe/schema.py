@@ -122,6 +122,9 @@ class ClientConfig:
     timeout_s: float = 600.0  # one request
     retries: int = 3  # per request, with exponential backoff from backoff_s
     backoff_s: float = 1.0
+    # sglang: the run's first N samples ask for their prompt logprobs, and the stored final slot through
+    # the checkpoint's own lm_head must give them, or the run is refused (recipe/selfcheck.py); 0: off
+    self_check: int = 4
 
 
 @dataclass
@@ -200,6 +203,7 @@ def validate(cfg) -> None:
         (cl.concurrency >= 1, f"client.concurrency={cl.concurrency} must be >= 1"),
         (cl.retries >= 0, f"client.retries={cl.retries} must be >= 0"),
         (cl.timeout_s > 0, f"client.timeout_s={cl.timeout_s} must be > 0"),
+        (cl.self_check >= 0, f"client.self_check={cl.self_check} must be >= 0 (0: off)"),
         (1 <= srv.port <= 65535, f"server.port={srv.port} must be in 1..65535"),
         (cfg.log_every_s > 0, f"log_every_s={cfg.log_every_s} must be > 0"),
         (

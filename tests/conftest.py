@@ -75,12 +75,17 @@ def small_run_cfg(tmp, *extra, limit=8):
     )
 
 
+SEAM_FILES = ("sglang/srt/layers/logits_processor.py", "sglang/srt/model_executor/model_runner.py")
+
+
 def unpack_models(wheel: Path, dest: Path) -> Path:
-    """The files of the pinned wheel the patch and its tests read: the model files and the dist-info."""
+    """The files of the pinned wheel the patch and its tests read: the model files, the two files the
+    seam patches, and the dist-info."""
     with zipfile.ZipFile(wheel) as z:
         for n in z.namelist():
             models = n.endswith(".py") and n.startswith("sglang/srt/models/")
-            if models or n.startswith(f"sglang-{SGLANG_VERSION}.dist-info/") or n == "sglang/__init__.py":
+            ours = n in SEAM_FILES or n == "sglang/__init__.py" or n.startswith(f"sglang-{SGLANG_VERSION}.dist-info/")
+            if models or ours:
                 z.extract(n, dest)
     return dest
 

@@ -1,18 +1,21 @@
 """A CPU stand-in for `python -m sglang.launch_server`, for the SGLang backend's tests.
 
 It speaks the parts of the HTTP API the recipe uses (/health, /generate with input_ids, rid and
-max_new_tokens 0) and drives the *real* recipe hook the way the patched SGLang model does: `install`
-at model construction, then `hook(forward_batch, final, aux_list)` on every pass, with the field
-names of SGLang 0.5.16's ForwardBatch. A scheduler thread batches waiting requests into EXTEND passes,
-cuts prompts into chunks of --chunked-prefill-size (one pass can hold the end of one request and the
-start of another), and also runs the server's own warm-up and health-check requests through the hook.
+max_new_tokens 0) and drives the *real* recipe seam the way the patched SGLang does: `seam.install`
+once the model is loaded, then its logits processor calls `hs_dump(forward_batch, final, aux_list)`
+first thing on every pass, with the field names of SGLang 0.5.16's ForwardBatch. A scheduler thread
+batches waiting requests into EXTEND passes, cuts prompts into chunks of --chunked-prefill-size (one
+pass can hold the end of one request and the start of another), and also runs the server's own
+warm-up and health-check requests through the hook.
 
 FAKE_SGLANG_MODE (comma-separated): graphs (the hook never runs, as under CUDA-graph replay),
 flaky500 (the first attempt of every request answers 500), die_once (the process exits on the 3rd
 request, once per marker file FAKE_SGLANG_MARKER, leaving a claim on the whole dump budget behind),
 hang_once (on the 3rd request the scheduler and /health stop answering while the process stays up;
 once per marker), cached (answers cached_tokens > 0), slow (sleep per pass), slow_exit (SIGTERM
-takes 3 s, as SGLang's graceful drain does, then the exit time goes to FAKE_SGLANG_EXITED).
+takes 3 s, as SGLang's graceful drain does, then the exit time goes to FAKE_SGLANG_EXITED),
+prenorm_final (the processor is handed the state before the final norm), shifted_final (each row
+holds the previous token's final state): what a model the seam misreads would dump.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from recipe.capture import records, settings, sglang_hook  # noqa: E402
+from recipe.capture import records, seam, settings  # noqa: E402
 
-# The SGLang API the hook calls (sglang.srt.distributed): a single-rank server is rank 0 of 1.
+# The SGLang API the hook and the seam call (sglang.srt.distributed): a single-rank server, one PP stage.
 _dist = SimpleNamespace(
-    get_attn_tensor_model_parallel_rank=lambda: 0, get_attn_tensor_model_parallel_world_size=lambda: 1
+    get_attn_tensor_model_parallel_rank=lambda: 0,
+    get_attn_tensor_model_parallel_world_size=lambda: 1,
+    get_pp_group=lambda: SimpleNamespace(world_size=1, is_last_rank=True),
 )
 sys.modules.update({"sglang": SimpleNamespace(), "sglang.srt": SimpleNamespace(), "sglang.srt.distributed": _dist})
 
@@ -48,29 +53,60 @@ class ForwardMode(enum.IntEnum):  # the names SGLang 0.5.16 uses
     IDLE = 4
 
 
-class FakeModel:
-    """Holds what the patch touches: capture_aux_hidden_states, model.layers_to_capture, hs_dump."""
+class LogitsProcessor(torch.nn.Module):
+    """What the patch makes of SGLang's: `hs_dump` None unless the seam set it, called first thing."""
+
+    def __init__(self):
+        super().__init__()
+        self.hs_dump = None
+
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
+        if self.hs_dump is not None and "graphs" not in MODES:  # a replayed CUDA graph runs no Python
+            self.hs_dump(logits_metadata, hidden_states, aux_hidden_states)
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self, n: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(n))
+        self.layers_to_capture = []
+
+
+class FakeModel(torch.nn.Module):
+    """An SGLang ...ForCausalLM in shape: `model.layers_to_capture`, `capture_aux_hidden_states`,
+    Llama's `set_eagle3_layers_to_capture` (+1), a logits processor its forward calls."""
 
     def __init__(self, model_dir):
+        super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
         self.capture_aux_hidden_states = False
-        self.model = SimpleNamespace(layers_to_capture=[])
-        self.hs_dump = sglang_hook.install(self, os.environ)  # what the patched __init__ does
+        self.model = Decoder(self.hf.config.num_hidden_layers)
+        self.logits_processor = LogitsProcessor()
+        self.prenorm = None
+        self.hf.model.norm.register_forward_pre_hook(lambda mod, args: setattr(self, "prenorm", args[0]))
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        self.capture_aux_hidden_states = True
+        self.model.layers_to_capture = [i + 1 for i in layer_ids]
 
     def states(self, ids):
         with torch.inference_mode():
             hs = self.hf(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True).hidden_states
         aux = [hs[i][0] for i in self.model.layers_to_capture]  # entering layer i
-        return hs[-1][0], aux
+        final = self.prenorm[0] if "prenorm_final" in MODES else hs[-1][0]
+        return final, aux
 
     def forward(self, mode, pieces):
-        """pieces: [(rid, full_ids, prefix, n)] -> one pass; calls the hook as the patched forward does."""
+        """pieces: [(rid, full_ids, prefix, n)] -> one pass, handed to the logits processor as SGLang does."""
         rows_final, rows_aux, ids = [], [[] for _ in self.model.layers_to_capture], []
         for rid, full, pre, n in pieces:
             final, aux = self.states(full[: pre + n])  # causal: the first pre+n tokens decide these rows
-            rows_final.append(final[pre : pre + n])
+            rows = torch.arange(pre, pre + n)
+            if "shifted_final" in MODES:  # each row holds the final state of the token before it
+                rows = (rows - 1).clamp(min=0)
+            rows_final.append(final[rows])
             for k, a in enumerate(aux):
                 rows_aux[k].append(a[pre : pre + n])
             ids += list(full[pre : pre + n])
@@ -84,8 +120,15 @@ class FakeModel:
             input_ids=torch.tensor(ids, dtype=torch.int64),
             orig_seq_lens=torch.tensor([len(p[1]) for p in pieces], dtype=torch.int32),
         )
-        if "graphs" not in MODES and self.hs_dump is not None:
-            self.hs_dump(fb, final, aux)
+        self.logits_processor(fb.input_ids, final, None, fb, aux)
+
+
+def load_model(model_dir) -> FakeModel:
+    """What the patched model_runner.load_model does: the model, then the seam when the dump is on."""
+    model = FakeModel(model_dir)
+    if os.environ.get(settings.ENV_DIR):
+        seam.install(model, os.environ)
+    return model
 
 
 MODES = set(filter(None, os.environ.get("FAKE_SGLANG_MODE", "").split(",")))
@@ -222,7 +265,7 @@ def main():
     ap.add_argument("--chunked-prefill-size", type=int, default=-1)
     args, _unknown = ap.parse_known_args()  # every other SGLang flag is accepted and ignored
     print("fake sglang argv:", json.dumps(sys.argv[1:]), flush=True)
-    model = FakeModel(args.model_path)
+    model = load_model(args.model_path)
     sched = Scheduler(model, args.chunked_prefill_size)
     ready = threading.Event()
 

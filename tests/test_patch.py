@@ -12,12 +12,7 @@ from conftest import ROOT, SGLANG_VERSION, unpack_models
 from recipe import patch
 
 VERSION = SGLANG_VERSION
-PATCHED = [
-    "sglang/srt/models/llama.py",
-    "sglang/srt/models/deepseek_v2.py",
-    "sglang/srt/models/qwen3.py",
-    "sglang/srt/models/qwen3_moe.py",
-]
+PATCHED = ["sglang/srt/layers/logits_processor.py", "sglang/srt/model_executor/model_runner.py"]
 
 
 @pytest.fixture
@@ -41,8 +36,7 @@ def test_check_apply_status(site):
     assert len(st["patch_set_sha256"]) == 64
     for rel in PATCHED:  # byte-compiled (apply compiles) and the hook is wired in
         assert list((site / rel).parent.glob(f"__pycache__/{Path(rel).stem}.*.pyc"))
-        src = (site / rel).read_text()
-        assert src.count("self.hs_dump(forward_batch, hidden_states, aux_hidden_states)") == 1
+        assert (site / rel).read_text().count(patch.HOOKS[rel]) == 1
     # applying again is a no-op, and status notices a later edit
     assert cli("apply", "--site-packages", str(site)).returncode == 0
     with open(site / PATCHED[0], "a") as f:
@@ -51,59 +45,69 @@ def test_check_apply_status(site):
     assert r.returncode == 1 and PATCHED[0] in r.stdout
 
 
-def test_hook_call_sits_in_forward_after_the_unpacking(site):
-    patch.apply(site, VERSION)
-    tree = ast.parse((site / "sglang/srt/models/llama.py").read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLM")
-    fwd = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
-    src = ast.unparse(fwd)
-    assert src.index("hidden_states, aux_hidden_states = hidden_states") < src.index("self.hs_dump(forward_batch")
-    assert src.index("self.hs_dump(forward_batch") < src.index("self.logits_processor(")
-    init = ast.unparse(next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"))
-    assert "self.hs_dump = install(self)" in init and "set_eagle3_layers_to_capture" not in init
+def function(tree, cls: str, name: str) -> ast.FunctionDef:
+    c = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-def test_a_subclass_that_skips_the_patched_init_still_runs_the_patched_forward(site):
-    """SGLang's EAGLE-3 draft (LlamaForCausalLMEagle3) subclasses LlamaForCausalLM with an __init__
-    of its own and inherits its forward: a draft served beside a patched target must not need
-    hs_dump (it crashed the first speculative-decoding server: AttributeError 'hs_dump')."""
-    draft = ast.parse((site / "sglang/srt/models/llama_eagle3.py").read_text())
-    cls = next(n for n in draft.body if isinstance(n, ast.ClassDef) and n.name == "LlamaForCausalLMEagle3")
-    assert [ast.unparse(b) for b in cls.bases] == ["LlamaForCausalLM"]
-    own = {n.name: ast.unparse(n) for n in cls.body if isinstance(n, ast.FunctionDef)}
-    assert "super().__init__" not in own["__init__"] and "forward" not in own
+def test_the_hook_runs_first_in_every_logits_processor_and_only_where_the_seam_set_it(site):
+    """Every model's forward ends in LogitsProcessor.forward with the whole pass in hand: the hook is its
+    first statement, before any row is pruned; every processor starts without one (a draft's too)."""
     patch.apply(site, VERSION)
-    for rel in PATCHED:
-        tree = ast.parse((site / rel).read_text())
-        for c in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-            fwd = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
-            if fwd is not None and "hs_dump" in ast.unparse(fwd):
-                reads = [
-                    a
-                    for a in ast.walk(fwd)
-                    if isinstance(a, ast.Attribute) and a.attr == "hs_dump" and isinstance(a.ctx, ast.Load)
-                ]
-                guard = "getattr(self, 'hs_dump', None) is not None"
-                assert guard in ast.unparse(fwd), (rel, c.name)
-                assert len(reads) == 1  # the call itself, under the guard
+    tree = ast.parse((site / PATCHED[0]).read_text())
+    fwd = function(tree, "LogitsProcessor", "forward")
+    first = ast.unparse(fwd.body[0])
+    assert first == ("if self.hs_dump is not None:\n"
+                     "    self.hs_dump(logits_metadata, hidden_states, aux_hidden_states)")  # fmt: skip
+    assert [a.arg for a in fwd.args.args][:6] == [
+        "self", "input_ids", "hidden_states", "lm_head", "logits_metadata", "aux_hidden_states"]  # fmt: skip
+    init = ast.unparse(function(tree, "LogitsProcessor", "__init__"))
+    assert init.rstrip().endswith("self.hs_dump = None")
+
+
+def test_the_seam_is_installed_once_the_target_model_is_loaded_never_in_a_draft_worker(site):
+    patch.apply(site, VERSION)
+    load = function(ast.parse((site / PATCHED[1]).read_text()), "ModelRunner", "load_model")
+    src = ast.unparse(load)
+    assert src.index("self.model = loaded.model") < src.index("install(self.model)")
+    guard = next(n for n in ast.walk(load) if isinstance(n, ast.If) and "install(self.model)" in ast.unparse(n)
+                 and ast.unparse(n.test) == "not self.is_draft_worker")  # fmt: skip
+    inner = next(n for n in guard.body if isinstance(n, ast.If))
+    assert ast.unparse(inner.test) == "os.environ.get('SGLANG_HS_DUMP_DIR')"
+    assert "from recipe.capture.seam import install" in ast.unparse(inner)
+
+
+def test_smoke_names_a_missing_call(site):
+    patch.apply(site, VERSION)
+    assert patch.smoke(site)["files"] == sorted(PATCHED)
+    st = json.loads((site / "sglang" / patch.STATUS_FILE).read_text())
+    text = (site / PATCHED[0]).read_text().replace(patch.HOOKS[PATCHED[0]], "pass")
+    (site / PATCHED[0]).write_text(text)
+    st["files"][PATCHED[0]] = patch.sha256(text.encode())  # as if the file had been patched this way
+    (site / "sglang" / patch.STATUS_FILE).write_text(json.dumps(st))
+    with pytest.raises(patch.PatchError, match="logits_processor.py: hook not wired in exactly once"):
+        patch.smoke(site)
 
 
 def test_a_drifted_upstream_fails_loudly_and_writes_nothing(site):
-    target = site / "sglang/srt/models/deepseek_v2.py"
+    target = site / PATCHED[0]
     lines = target.read_text().splitlines(keepends=True)
     lines.insert(100, "# upstream moved things\n")
     target.write_text("".join(lines))
     before = {rel: (site / rel).read_bytes() for rel in PATCHED}
     r = cli("check", "--site-packages", str(site))
-    assert r.returncode == 1 and "PATCH FAILED" in r.stderr and "deepseek_v2" in r.stderr
+    assert r.returncode == 1 and "PATCH FAILED" in r.stderr and "logits_processor" in r.stderr
     r = cli("apply", "--site-packages", str(site))
     assert r.returncode == 1
     assert {rel: (site / rel).read_bytes() for rel in PATCHED} == before  # all or nothing
     assert not (site / "sglang" / patch.STATUS_FILE).exists()
 
 
-def test_patches_stay_tiny():
-    for pf in sorted((ROOT / "patches/sglang" / f"v{VERSION}").glob("*.patch")):
+def test_patches_stay_tiny_and_touch_two_upstream_files():
+    files = sorted((ROOT / "patches/sglang" / f"v{VERSION}").glob("*.patch"))
+    touched = {rel for pf in files for rel, _ in patch.parse(pf.read_text())}
+    assert touched == set(PATCHED)
+    for pf in files:
         changed = [
             line for line in pf.read_text().splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))
         ]

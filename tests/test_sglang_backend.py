@@ -13,6 +13,7 @@ from conftest import ROOT, compose
 from recipe.backends.hf import HFBackend
 from recipe.backends.sglang import server_argv, server_env, to_flags
 from recipe.main import RunFailed, run
+from recipe.selfcheck import SelfCheckFailed
 from recipe.shards import ShardReader
 from recipe.shards.verify import verify
 
@@ -175,6 +176,26 @@ def test_missing_dumps_fail_the_run(tmp_path, monkeypatch):
         run(sg_cfg(tmp_path, "capture.dump_timeout_s=1"))
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["counts"]["failed"] == {"no_dump": 12} and m["totals"]["samples"] == 0
+
+
+def test_the_self_check_judges_the_first_samples_and_passes_a_right_final_slot(tmp_path, caplog):
+    caplog.set_level("INFO", logger="recipe.selfcheck")
+    counts = run(sg_cfg(tmp_path, "data.limit=6", "client.self_check=3"))
+    assert counts["ok"] == 6 and not counts["failed"]
+    judged = [r.getMessage() for r in caplog.records if "gives the server's logprobs" in r.getMessage()]
+    assert len(judged) == 3, judged
+
+
+@pytest.mark.parametrize(
+    "mode, why",
+    [("prenorm_final", "not the post-norm final state lm_head reads"),
+     ("shifted_final", "each row holds the final state of the token before it")],
+)  # fmt: skip
+def test_a_wrong_final_slot_refuses_the_run_naming_the_slot(tmp_path, monkeypatch, mode, why):
+    """What a model the seam misreads would dump: the run stops at the first judged sample, in one line."""
+    monkeypatch.setenv("FAKE_SGLANG_MODE", mode)
+    with pytest.raises(SelfCheckFailed, match=f"^self-check failed: the final slot of sample .*{why}"):
+        run(sg_cfg(tmp_path, "data.limit=12"))
 
 
 def test_retries_after_500(tmp_path, monkeypatch):

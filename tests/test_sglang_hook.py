@@ -12,7 +12,7 @@ import torch
 
 from recipe.capture import hostcopy, records, sglang_hook
 from recipe.capture.settings import HookSettings
-from recipe.capture.sglang_hook import DumpHook, install
+from recipe.capture.sglang_hook import DumpHook
 
 
 class ForwardMode(enum.IntEnum):  # names as in sglang.srt.model_executor.forward_batch_info
@@ -198,22 +198,6 @@ def test_the_trace_lists_what_each_writing_process_wrote(tmp_path):
         hk.flush()
     files = list(trace.iterdir())  # both ranks are this one process here
     assert len(files) == 1 and files[0].read_text().split("\n") == ["hsx-a 0 3", "hsx-b 5 4", ""]
-
-
-def test_install_sets_exact_layers_and_no_plus_one(tmp_path):
-    model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
-    env = HookSettings(str(tmp_path), (1, 31, 59), True, "hsx-", 1 << 20).to_env()
-    hk = install(model, env)
-    assert model.capture_aux_hidden_states is True
-    assert model.model.layers_to_capture == [1, 31, 59]  # set_eagle3_layers_to_capture would give [2, 32, 60]
-    assert hk.layers == [1, 31, 59] and hk.final
-    assert install(model, {}) is None  # no dump dir: the patched model is unchanged upstream SGLang
-
-
-def test_install_refuses_layer_zero(tmp_path):
-    model = SimpleNamespace(capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
-    with pytest.raises(ValueError, match="layer 0"):
-        install(model, HookSettings(str(tmp_path), (0, 2), True, "hsx-", 1 << 20).to_env())
 
 
 def test_final_only_capture(tmp_path):

@@ -27,6 +27,7 @@ from ..capture.settings import HookSettings
 from ..errors import UserError
 from ..procs import die_with_parent
 from ..schema import ConfigError
+from ..selfcheck import SelfCheck, SelfCheckFailed
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +329,10 @@ class SGLangBackend:
         self.stopping: threading.Thread | None = None
         self.keeper = Supervisor(self.server, server, self.url, dump_dir)
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
+        # the final slot against the server's own logprobs, on the run's first samples (recipe/selfcheck.py)
+        n = client.self_check if capture.final else 0
+        self.check = SelfCheck(Path(model_dir), n, len(capture.layers)) if n else None
+        self.check_failed: SelfCheckFailed | None = None
 
     @classmethod
     def from_config(cls, model_dir, dump_dir, output_dir, *, server, client, capture, nccl) -> "SGLangBackend":
@@ -358,22 +363,53 @@ class SGLangBackend:
         self.keeper.lock = asyncio.Lock()
         sem = asyncio.Semaphore(c.concurrency)
         limits = httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency)
+        stop = lambda: should_stop() or self.check_failed is not None  # noqa: E731
         async with httpx.AsyncClient(timeout=c.timeout_s, limits=limits) as http:
             queue = deque(samples)
 
             async def worker():
-                while queue and not should_stop():
+                while queue and not stop():
                     s = queue.popleft()
                     async with sem:
                         await self._wait_budget()
                         await self._one(http, s, packer)
 
-            watchdog = asyncio.create_task(self.keeper.watchdog(http)) if self.opts.launch else None
+            helpers = [asyncio.create_task(self.keeper.watchdog(http))] if self.opts.launch else []
+            helpers += [asyncio.create_task(self._checker(packer))] if self.check else []
             try:
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
+                if self.check and self.check_failed is None:
+                    await self._settle_check(packer)
             finally:
-                if watchdog:
-                    watchdog.cancel()
+                for t in helpers:
+                    t.cancel()
+        if self.check_failed is not None:
+            raise self.check_failed
+
+    async def _checker(self, packer) -> None:
+        """Judges each self-check sample as soon as the store has committed it."""
+        while self.check.pending() or self.check.requested < self.check.samples:
+            await asyncio.sleep(0.25)
+            try:
+                await asyncio.to_thread(self.check.poll, packer.store)
+            except SelfCheckFailed as e:
+                self.check_failed = e
+                return
+
+    async def _settle_check(self, packer) -> None:
+        """Every request is answered: wait until the self-check samples are judged, or the packer has
+        nothing left (a probe sample that failed is a failed sample, counted as any other)."""
+        while self.check.pending():
+            try:
+                await asyncio.to_thread(self.check.poll, packer.store)
+            except SelfCheckFailed as e:
+                self.check_failed = e
+                return
+            if not self.check.pending() or not packer.outstanding():
+                break
+            await asyncio.sleep(0.1)
+        if self.check.pending() and not self.check.skipped:
+            log.warning("self-check: %d of its samples were not stored", self.check.pending())
 
     async def _wait_budget(self) -> None:
         """Back-pressure: no new request while the dump directory holds more than the budget."""
@@ -388,11 +424,7 @@ class SGLangBackend:
         for attempt in range(c.retries + 1):
             rid = base if attempt == 0 else f"{base}-r{attempt}"
             packer.expect(rid, s)
-            payload = {
-                "input_ids": [int(x) for x in s.input_ids],
-                "rid": rid,
-                "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-            }
+            payload = self.payload(s, rid, ask=attempt == 0 and self.check is not None and self.check.ask(s))
             try:
                 self.stats["requests"] += 1
                 r = await http.post(self.url + "/generate", json=payload)
@@ -408,6 +440,8 @@ class SGLangBackend:
                 if meta.get("prompt_tokens") not in (None, len(s.input_ids)):
                     packer.fail(rid, f"prompt_tokens_mismatch ({meta['prompt_tokens']} != {len(s.input_ids)})")
                     return
+                if payload.get("return_logprob"):
+                    self.check.answered(s, meta)
                 packer.responded(rid)
                 return
             except (httpx.HTTPError, Retry) as e:
@@ -420,6 +454,16 @@ class SGLangBackend:
                 log.warning("request %s failed (%s); retrying", rid, reason)
                 await self.keeper.ensure_up()
                 await asyncio.sleep(c.backoff_s * 2**attempt)
+
+    @staticmethod
+    def payload(s, rid: str, ask: bool = False) -> dict:
+        """A prefill-only request; a self-check one also asks for the prompt's logprobs (SGLang returns
+        them with one generated token: the form seen on the H200)."""
+        body = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
+                "sampling_params": {"max_new_tokens": 1 if ask else 0, "temperature": 0.0}}  # fmt: skip
+        if ask:
+            body.update(return_logprob=True, logprob_start_len=0)
+        return body
 
 
 class Supervisor:

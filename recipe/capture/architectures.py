@@ -1,8 +1,9 @@
 """Which checkpoint architectures the patched SGLang dumps: decided from config.json before any GPU work.
 
-SGLang picks a model class by `architectures[0]` of the checkpoint's config.json. Only a class whose
-forward pass runs one of the patched forwards (patches/sglang/v0.5.16) ever writes a dump; any other
-would load, answer every request and write nothing, a whole run's GPU time spent for failed samples.
+SGLang picks a model class by `architectures[0]` of the checkpoint's config.json. The seam (seam.py)
+switches capture on through the class's own `set_eagle3_layers_to_capture`, so a class without one
+would load, answer every request and dump only its final state, or nothing: a whole run's GPU time
+spent for failed samples. Such a class is refused here, in one line that names it.
 """
 
 from __future__ import annotations
@@ -15,32 +16,61 @@ from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
-# Entry classes of SGLang 0.5.16 that run a patched `__init__` and `forward`: the four patched
-# classes and their subclasses that keep both (tests/test_architectures.py derives the same set from the
-# pinned wheel's source, drafts left out), and Kimi-K2.5's wrapper, which serves a
-# DeepseekV3ForCausalLM as its language model.
+# The entry classes of SGLang 0.5.16 that define or inherit `set_eagle3_layers_to_capture`, its drafts
+# (Eagle, NextN, MTP, Assistant) and MindSpore's (Ascend NPUs) left out. tests/test_architectures.py
+# derives the same set from the pinned wheel's source; tests/test_seam.py runs each class's own switch.
 DUMPED = frozenset(
     {
+        "ApertusForCausalLM",
+        "BailingMoEForCausalLM",
+        "BailingMoeForCausalLM",
+        "BailingMoeV2ForCausalLM",
         "DeepseekV2ForCausalLM",
         "DeepseekV32ForCausalLM",
         "DeepseekV3ForCausalLM",
+        "ExaoneMoEForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "Gemma4UnifiedForConditionalGeneration",
+        "Glm4MoeForCausalLM",
+        "Glm4MoeLiteForCausalLM",
         "GlmMoeDsaForCausalLM",
+        "GptOssForCausalLM",
         "IQuestCoderForCausalLM",
         "InternLM3ForCausalLM",
+        "InternS1ProForConditionalGeneration",
+        "InternS2PreviewForConditionalGeneration",
+        "KimiK25ForConditionalGeneration",
         "Llama4ForCausalLM",
+        "Llama4ForConditionalGeneration",
         "LlamaForCausalLM",
+        "LongcatFlashForCausalLM",
+        "MellumForCausalLM",
+        "MiniMaxM2ForCausalLM",
+        "MiniMaxM3SparseForCausalLM",
         "Ministral3ForCausalLM",
         "MistralForCausalLM",
         "MistralLarge3ForCausalLM",
         "Phi3ForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen2_5_VLForConditionalGeneration",
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "SarvamMoEForCausalLM",
         "TeleFLMForCausalLM",
     }
 )
-WRAPPERS = {"KimiK25ForConditionalGeneration": "DeepseekV3ForCausalLM"}
-# the ones whose dumps were compared with HF layer by layer on an H200 (docs/gpu-results/)
-PROVEN = frozenset({"LlamaForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"})
+# Classes whose dumps through the one seam were compared with HF layer by layer on a GPU (none yet:
+# the per-model patch that preceded it was, for Llama, DeepSeek-V3 and Kimi-K2.5, docs/gpu.md).
+PROVEN: frozenset[str] = frozenset()
 
 
 class UnsupportedArchitecture(UserError, ValueError):
@@ -60,15 +90,15 @@ def refuse_undumped(model_dir: Path) -> str:
         raise UnsupportedArchitecture(
             f"{model_dir}/config.json names no architectures: SGLang cannot pick a model class for it"
         )
-    if name not in DUMPED and name not in WRAPPERS:
+    if name not in DUMPED:
         raise UnsupportedArchitecture(
-            f"{name} is not dumped by the patched SGLang 0.5.16 (it runs none of the patched model files); "
-            f"backend=sglang dumps {', '.join(sorted(DUMPED | set(WRAPPERS)))}; backend=hf runs any architecture"
+            f"{name} is not dumped by the patched SGLang 0.5.16 (it has no set_eagle3_layers_to_capture); "
+            f"backend=sglang dumps {', '.join(sorted(DUMPED))}; backend=hf runs any architecture"
         )
     if name not in PROVEN:
         log.warning(
-            "%s runs the patched SGLang code but its dumps have not been compared with HF on a GPU; "
-            "a request that leaves no dump still counts as a failed sample (no_dump)",
+            "%s: its dumps through the patched SGLang have not been compared with HF on a GPU; the run's "
+            "self-check compares the final slot with the server's own logprobs (client.self_check)",
             name,
         )
     return name

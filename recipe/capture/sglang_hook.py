@@ -1,11 +1,10 @@
-"""The in-server side: called from the patched `...ForCausalLM` (patches/sglang/), in every TP worker.
+"""The in-server side: the hook the patched SGLang calls on every pass, in every TP worker.
 
-The patch adds two things to a model class and nothing else:
-  __init__: `self.hs_dump = install(self)` when SGLANG_HS_DUMP_DIR is set
-  forward:  `self.hs_dump(forward_batch, hidden_states, aux_hidden_states)` once both are in hand
-Everything else is in this package, where CPU tests reach it: the settings the recipe passes in the
-server's environment (settings.py), the pinned pool and the host copy (hostcopy.py), the writer
-threads (writer_threads.py), the hook's timings (hookstats.py).
+seam.py installs it on the target model's logits processor once the model is loaded (the patch adds
+that call and the hook's call in `LogitsProcessor.forward`, nothing else). Everything else is in this
+package, where CPU tests reach it: the settings the recipe passes in the server's environment
+(settings.py), the pinned pool and the host copy (hostcopy.py), the writer threads
+(writer_threads.py), the hook's timings (hookstats.py).
 
 What a call does, on an exact EXTEND pass that holds at least one of the recipe's requests, in every
 rank of an attention-TP group (TP ranks hold identical states; with DP attention each DP group has
@@ -22,39 +21,15 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import time
 
 from .hookstats import Stats, allocator_counts
 from .hostcopy import GpuTimer, HostCopy, PinnedPool
-from .settings import ENV_LAYERS, HookSettings
+from .settings import HookSettings
 from .writer import CaptureWriter
 from .writer_threads import CopiedPass, WriterThreads
 
 log = logging.getLogger("recipe.sglang_hook")
-
-
-def install(model, env=os.environ):
-    """Switch on aux capture with exactly the configured layers; return the hook (or None).
-
-    The layer list is set on the model directly: `set_eagle3_layers_to_capture` shifts ids by +1
-    (always in Llama, only when the first id is 1 in DeepSeek), the field's classic off-by-one.
-    """
-    s = HookSettings.from_env(env)
-    if s is None:
-        return None
-    layers = list(s.layers)
-    pp = getattr(model, "pp_group", None)
-    if pp is not None and getattr(pp, "world_size", 1) > 1:
-        raise RuntimeError("hidden-state dump does not support pipeline parallelism (pp_size > 1)")
-    if layers:
-        if layers != sorted(set(layers)) or layers[0] < 1:
-            raise ValueError(f"{ENV_LAYERS}={layers}: need ascending ids >= 1 (SGLang cannot capture layer 0)")
-        model.capture_aux_hidden_states = True
-        model.model.layers_to_capture = list(layers)
-    hook = DumpHook(s)
-    log.info("hidden-state dump on: layers %s (+final: %s) -> %s", layers, hook.final, s.dump_dir)
-    return hook
 
 
 def sglang_group() -> tuple[int, int]:
@@ -119,7 +94,7 @@ class DumpHook:
                 self.thread.stats_path, self._time_gpu = None, False
         if self._rank[0] >= self._rank[1]:  # a rank that does not share the writing
             return
-        rids = list(forward_batch.rids or [])
+        rids = list(getattr(forward_batch, "rids", None) or [])  # a LogitsMetadata has none: no_dump, detected
         t0 = time.perf_counter()
         try:
             self._capture(forward_batch, rids, hidden_states, aux_hidden_states)

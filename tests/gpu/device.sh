@@ -10,6 +10,7 @@
 #   bash tests/gpu/device.sh draft-peer # bench/draft_peer.py (after draft, same machine) -> $OUT/draft-peer.json, logs
 #   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
 #   bash tests/gpu/device.sh driverless # the image build's patch smoke with no GPU, then no driver -> $OUT/driverless.jsonl
+#   bash tests/gpu/device.sh families   # tests/gpu/families.py: every built-in family vs HF -> $OUT/families.json, log
 # SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2, p3) goes to /tmp/peer, apart.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -47,6 +48,9 @@ case "${1:-install}" in
     cp /tmp/bench-peers/*.log "$OUT/" 2>/dev/null ;;
   driverless)
     bash tests/gpu/driverless.sh ;;
+  families)
+    GPU_NAME="$(cat "$OUT/gpu.txt")" timeout 585 python3 tests/gpu/families.py --out "$OUT/families.json" "${@:2}" 2>&1 \
+      | tee "$OUT/families.log" | grep -v "HTTP Request" | tail -40 ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;

@@ -1,0 +1,233 @@
+"""The in-run self-check: on the first samples of an SGLang run, the stored final slot goes through the
+checkpoint's own final layer and must give the server's own input-token logprobs.
+
+SGLang computes a prompt token's logprob as log_softmax(lm_head(final state)) (softcapped where the
+config says so), from the very state the hook dumps. So lm_head(final slot) read back from the shards
+must agree with what the server answered, up to bf16 rounding of the logits. A pre-norm state, a
+state from another layer or one shifted by a token does not, by far (on the H200: 0.002-0.004 nats
+for the final slot, 0.6-1.3 for the last aux slot through the same head). This guards every
+architecture the seam serves, proven or not, at the cost of one lm_head read at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+from .shards import codec
+
+log = logging.getLogger(__name__)
+
+POSITIONS = 32  # prompt positions checked per sample, spread over it
+OUTLIERS = 0.1  # the share of positions allowed past the bound before the run is refused
+
+
+class SelfCheckFailed(UserError, RuntimeError):
+    pass
+
+
+def text_config(model_dir: Path) -> dict:
+    outer = json.loads((Path(model_dir) / "config.json").read_text())
+    return {**outer, **outer.get("text_config", {})}
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it (the index when there is one)."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        return {k: model_dir / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    from safetensors import safe_open
+
+    names = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            names.update({k: f for k in st.keys()})
+    return names
+
+
+def head_name(names, tied: bool) -> str | None:
+    """The language model's output layer: its lm_head, or its input embedding when the two are tied."""
+    suffix = "embed_tokens.weight" if tied else "lm_head.weight"
+    found = sorted((n for n in names if n.endswith(suffix) and "vision" not in n), key=len)
+    return found[0] if found else None
+
+
+@dataclass
+class Head:
+    """The checkpoint's final layer, read from its safetensors alone (no model load)."""
+
+    weight: object  # torch [V, H], bf16 as stored
+    softcap: float | None
+
+    @classmethod
+    def load(cls, model_dir: Path) -> Head | None:
+        """None when it cannot be read as a plain float matrix (e.g. a quantized lm_head)."""
+        import torch
+        from safetensors import safe_open
+
+        cfg = text_config(model_dir)
+        files = weight_files(model_dir)
+        tied = bool(cfg.get("tie_word_embeddings", False))
+        name = head_name(files, tied) or head_name(files, not tied)
+        if name is None:
+            return None
+        with safe_open(files[name], "pt") as st:
+            w = st.get_tensor(name)
+        if not w.is_floating_point() or w.element_size() < 2:
+            return None
+        cap = cfg.get("final_logit_softcapping")
+        vocab = int(cfg.get("vocab_size") or w.shape[0])
+        return cls(w[:vocab].to(torch.bfloat16), float(cap) if cap and cap > 0 else None)
+
+    def logprobs(self, states, targets) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: log p(target) under lm_head(state) in float32, and the row's largest |logit|."""
+        import torch
+
+        logits = torch.cat([states.float() @ w.float().T for w in self.weight.split(16384)], dim=1)
+        if self.softcap:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        lp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+        return lp.double().numpy(), logits.abs().amax(1).double().numpy()
+
+
+def bound(max_logit: np.ndarray) -> np.ndarray:
+    """How far a logprob from bf16 logits may be from ours: the logit's and the log-sum-exp's rounding,
+    each within 2^-9 of the largest |logit|, times four."""
+    return 0.02 + 2.0**-7 * max_logit
+
+
+def positions(n: int) -> np.ndarray:
+    """Up to POSITIONS prompt positions t (each predicting token t+1), spread from the first to the last."""
+    return np.unique(np.linspace(0, n - 2, min(POSITIONS, n - 1)).round().astype(np.int64))
+
+
+@dataclass
+class Verdict:
+    sample: str
+    checked: int
+    off: int
+    max_diff: float
+    shifted: int | None = None  # reading row t+shift for token t makes them agree, if one does
+
+    @property
+    def ok(self) -> bool:
+        return self.off <= OUTLIERS * self.checked
+
+
+def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list) -> Verdict:
+    """The final slot [n, H] (torch bf16) of one sample against the server's input-token logprobs
+    (SGLang's list: [logprob, token id, ...] per prompt token, the first one's logprob None)."""
+    import torch
+
+    t = torch.as_tensor(positions(len(ids)))
+    want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
+    targets = torch.as_tensor(ids[t.numpy() + 1].astype(np.int64))
+
+    def off(rows):
+        lp, peak = head.logprobs(final[rows], targets)
+        diff = np.abs(lp - want)
+        return int((diff > bound(peak)).sum()), float(diff.max())
+
+    bad, worst = off(t)
+    v = Verdict(sample_id, len(t), bad, worst)
+    if not v.ok:
+        for shift in (-1, 1):
+            rows = (t + shift).clamp(0, len(ids) - 1)
+            if off(rows)[0] <= OUTLIERS * len(t):
+                v.shifted = shift
+    return v
+
+
+def refusal(v: Verdict, name: str) -> str:
+    why = (
+        f"each row holds the final state of the token {'before' if v.shifted > 0 else 'after'} it"
+        if v.shifted
+        else "it is not the post-norm final state lm_head reads (pre-norm, or another layer's)"
+    )
+    return (
+        f"self-check failed: the final slot of sample {v.sample} through {name}'s own lm_head disagrees with "
+        f"the server's input-token logprobs at {v.off} of {v.checked} positions (worst {v.max_diff:.3g} nats): "
+        f"{why}. The dump is wrong for this architecture; the samples stored so far carry it"
+    )
+
+
+@dataclass
+class SelfCheck:
+    """Asks the server for logprobs on the first `samples` requests and judges each once stored."""
+
+    model_dir: Path
+    samples: int
+    final_slot: int  # the final state's slot in a record
+    asked: dict = field(default_factory=dict)  # sample key -> (sample id, the server's logprobs)
+    verdicts: list = field(default_factory=list)
+    seen: int = 0  # index records already looked at
+    head: Head | None = None
+    skipped: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # poll runs in worker threads
+
+    requested: int = 0
+
+    def ask(self, sample) -> bool:
+        """Whether this request asks for logprobs: the run's first `samples` of two tokens or more."""
+        if self.requested >= self.samples or len(sample.input_ids) < 2 or self.skipped is not None:
+            return False
+        self.requested += 1
+        return True
+
+    def answered(self, sample, meta: dict) -> None:
+        lps = meta.get("input_token_logprobs")
+        if not lps or len(lps) != len(sample.input_ids):
+            self.skipped = f"the server returned {len(lps or [])} input-token logprobs for {len(sample.input_ids)}"
+            log.warning("self-check skipped: %s", self.skipped)
+            return
+        self.asked[sample.key] = (sample.id, lps)
+
+    def poll(self, store) -> None:
+        """Judge every asked sample the store has committed since the last call; raise on the first
+        that disagrees."""
+        with self.lock:
+            records = store.records
+            end = len(records)
+            for rec in records[self.seen : end]:
+                if rec["key"] in self.asked:
+                    self._judge(store.root, rec)
+            self.seen = end
+
+    def _judge(self, root: Path, rec: dict) -> None:
+        import torch
+
+        if self.head is None:
+            self.head = Head.load(self.model_dir)
+            if self.head is None:
+                self.skipped = "the checkpoint's lm_head is not a plain float matrix"
+                log.warning("self-check skipped: %s", self.skipped)
+        if self.head is None:
+            return
+        sid, lps = self.asked.pop(rec["key"])
+        _, t = codec.decode(read_frame(root, rec), rec["crc32"])
+        final = torch.from_numpy(t["hidden"][:, self.final_slot].view(np.int16)).view(torch.bfloat16)
+        v = judge(self.head, sid, t["input_ids"], final, lps)
+        self.verdicts.append(v)
+        if not v.ok:
+            raise SelfCheckFailed(refusal(v, Path(self.model_dir).name))
+        log.info("self-check: sample %s's final slot gives the server's logprobs (%d positions, worst %.3g nats)",
+                 sid, v.checked, v.max_diff)  # fmt: skip
+
+    def pending(self) -> int:
+        return len(self.asked)
+
+
+def read_frame(root: Path, rec: dict) -> bytes:
+    fd = os.open(Path(root) / "shards" / rec["shard"], os.O_RDONLY)
+    try:
+        return os.pread(fd, rec["length"], rec["offset"])
+    finally:
+        os.close(fd)

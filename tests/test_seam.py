@@ -1,0 +1,186 @@
+"""The one seam (recipe/capture/seam.py) against every model class of the pinned SGLang that can capture.
+
+Each class's own `set_eagle3_layers_to_capture`, taken from the pinned wheel's source, runs on a stand-in
+of that class's module tree (built from its `__init__`: where the decoder stack, the language model and
+the logits processors sit). The seam must leave exactly the configured ids wherever the class keeps
+them, and put the hook on exactly the processor the class's forward calls."""
+
+import ast
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import unpack_models
+
+from recipe.capture import seam
+from recipe.capture.settings import HookSettings
+
+DRAFTS = ("Eagle", "NextN", "MTP", "Assistant")  # SGLang's draft heads: never a target
+FOREIGN = {"MindSporeForCausalLM"}  # serves MindSpore's own models (Ascend NPUs), built at run time
+DEPTH = 8
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, sglang_wheel):
+    """class name -> its ClassDef, over every model file of the pinned wheel; and the entry classes."""
+    models = unpack_models(sglang_wheel, tmp_path_factory.mktemp("site")) / "sglang/srt/models"
+    classes, entries = {}, set()
+    for f in sorted(models.glob("*.py")):
+        for n in ast.parse(f.read_text(encoding="utf-8-sig")).body:
+            if isinstance(n, ast.ClassDef):
+                classes.setdefault(n.name, n)
+            if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "EntryClass" for t in n.targets):
+                names = n.value.elts if isinstance(n.value, (ast.List, ast.Tuple)) else [n.value]
+                entries |= {e.id for e in names if isinstance(e, ast.Name)}
+    return SimpleNamespace(classes=classes, entries=entries)
+
+
+def find(src, cls: str, meth: str) -> ast.FunctionDef | None:
+    """`meth` as `cls` runs it: its own, or the nearest base's."""
+    c = src.classes.get(cls)
+    if c is None:
+        return None
+    own = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == meth), None)
+    if own is not None:
+        return own
+    return next((m for b in c.bases if (m := find(src, ast.unparse(b).split(".")[-1], meth))), None)
+
+
+def init_text(src, cls: str) -> str:
+    """The `__init__` code that runs for `cls`, its bases' included where it calls super().__init__."""
+    c, text = src.classes.get(cls), ""
+    while c is not None:
+        init = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        text += ast.unparse(init) if init is not None else ""
+        if init is not None and "super().__init__" not in text:
+            break
+        c = src.classes.get(ast.unparse(c.bases[0]).split(".")[-1]) if c.bases else None
+    return text
+
+
+def compiled(fn: ast.FunctionDef):
+    """The upstream method as a function (annotations left unevaluated; PP: one stage, the last)."""
+    code = "from __future__ import annotations\n" + textwrap.dedent(ast.unparse(fn))
+    scope = {"get_pp_group": lambda: SimpleNamespace(is_last_rank=True, world_size=1)}
+    exec(compile(code, f"<sglang {fn.name}>", "exec"), scope)
+    return scope[fn.name]
+
+
+class Processor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hs_dump = None
+
+
+def built_class(name: str, fn) -> type:
+    return type(name, (torch.nn.Module,), {"set_eagle3_layers_to_capture": fn} if fn else {})
+
+
+def decoder(src, cls: str | None) -> torch.nn.Module:
+    own = find(src, cls, "set_eagle3_layers_to_capture") if cls else None  # Qwen2-MoE's stack has its own
+    m = built_class(cls or "Decoder", compiled(own) if own else None)()
+    m.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(DEPTH))
+    m.layers_to_capture = []
+    return m
+
+
+def assigned(init: str, attr: str) -> str | None:
+    """The class built into `self.<attr>` by an __init__ (None: not built there)."""
+    for node in ast.walk(ast.parse(init)):
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == f"self.{attr}" for t in node.targets):
+            if isinstance(node.value, ast.Call):
+                return ast.unparse(node.value.func).split(".")[-1]
+    return None
+
+
+def stand_in(src, cls: str) -> torch.nn.Module:
+    """`cls`'s module tree as far as capture goes, with its own set_eagle3_layers_to_capture."""
+    fn = find(src, cls, "set_eagle3_layers_to_capture")
+    body, init = ast.unparse(fn), init_text(src, cls)
+    m = built_class(cls, compiled(fn))()
+    m.pp_group = SimpleNamespace(is_last_rank=True, world_size=1)
+    m.config = SimpleNamespace(num_hidden_layers=DEPTH, text_config=SimpleNamespace(num_hidden_layers=DEPTH))
+    if "self.language_model.set_eagle3_layers_to_capture" in body:
+        m.language_model = stand_in(src, assigned(init, "language_model"))
+    elif "self.language_model.layers_to_capture" in body:
+        m.language_model = decoder(src, None)
+    else:
+        m.model = decoder(src, assigned(init, "model") if "self.model.set_eagle3_layers_to_capture" in body else None)
+    if "self.logits_processor =" in init or "self.logits_processor=" in init:
+        m.logits_processor = Processor()
+    return m
+
+
+def targets(src) -> list[str]:
+    return sorted(
+        e
+        for e in src.entries - FOREIGN
+        if find(src, e, "set_eagle3_layers_to_capture") and not any(d in e for d in DRAFTS)
+    )
+
+
+def env(tmp_path, layers) -> dict:
+    return HookSettings(str(tmp_path), tuple(layers), True, "hsx-", 1 << 20).to_env()
+
+
+def ids(m) -> list[tuple[str, list[int]]]:
+    """Where the model keeps capture ids, and which: each list, and each stack's flagged layers."""
+    out = []
+    for name, sub in m.named_modules():
+        if getattr(sub, seam.ID_LIST, None):
+            out.append((name, list(sub.layers_to_capture)))
+        flagged = [i for i, layer in enumerate(seam.decoder_layers(sub)) if getattr(layer, seam.LAYER_FLAG, False)]
+        if flagged:
+            out.append((name + ".layers", flagged))
+    return out
+
+
+def hooked(m) -> list[str]:
+    return [name for name, sub in m.named_modules() if isinstance(sub, Processor) and sub.hs_dump is not None]
+
+
+@pytest.mark.parametrize("layers", [[1, 4, 6], [2, 4, 6], [3, 5, 7]])  # DeepSeek shifts only when ids[0]-1 == 1
+def test_every_capturing_class_gets_exactly_the_configured_ids_and_one_hooked_processor(source, tmp_path, layers):
+    names = targets(source)
+    assert len(names) == 45 and {"GptOssForCausalLM", "Llama4ForConditionalGeneration", "Qwen3NextForCausalLM"} <= set(
+        names
+    )
+    for cls in names:
+        m = stand_in(source, cls)
+        hook = seam.install(m, env(tmp_path, layers), pp_size=lambda: 1)
+        where = ids(m)
+        assert where and all(v == layers for _, v in where), (cls, where)
+        assert len(hooked(m)) == 1, (cls, hooked(m))
+        owner = m.get_submodule(hooked(m)[0].rsplit(".", 1)[0]) if "." in hooked(m)[0] else m
+        assert getattr(owner, seam.CAPTURE_FLAG, None) is True or cls.endswith("ConditionalGeneration"), cls
+        hook.close()
+
+
+def test_a_wrappers_idle_processor_gets_no_hook(source, tmp_path):
+    """Llama-4's wrapper owns a processor that is never called; its language model's is."""
+    m = stand_in(source, "Llama4ForConditionalGeneration")
+    assert isinstance(m.logits_processor, Processor) and isinstance(m.language_model.logits_processor, Processor)
+    seam.install(m, env(tmp_path, [1, 2, 3]), pp_size=lambda: 1).close()
+    assert hooked(m) == ["language_model.logits_processor"]
+
+
+def test_the_final_state_alone_leaves_capture_off(source, tmp_path):
+    for cls in ("LlamaForCausalLM", "Qwen3MoeForCausalLM", "KimiK25ForConditionalGeneration"):
+        m = stand_in(source, cls)
+        seam.install(m, env(tmp_path, []), pp_size=lambda: 1).close()
+        flags = [n for n, sub in m.named_modules() if getattr(sub, seam.CAPTURE_FLAG, None)]
+        assert flags == [] and ids(m) == [] and len(hooked(m)) == 1, (cls, flags, ids(m))
+
+
+def test_off_without_the_dump_dir_and_refusals(source, tmp_path):
+    m = stand_in(source, "LlamaForCausalLM")
+    assert seam.install(m, {}, pp_size=lambda: 1) is None and hooked(m) == [] and ids(m) == []
+    with pytest.raises(seam.SeamError, match="pipeline parallelism"):
+        seam.install(m, env(tmp_path, [1, 2]), pp_size=lambda: 2)
+    with pytest.raises(ValueError, match="layer 0"):
+        seam.install(m, env(tmp_path, [0, 2]), pp_size=lambda: 1)
+    silent = built_class("Silent", lambda self, ids: None)()
+    silent.model, silent.logits_processor = decoder(source, None), Processor()
+    with pytest.raises(seam.SeamError, match="Silent.set_eagle3_layers_to_capture switched on no capture"):
+        seam.install(silent, env(tmp_path, [1, 2]), pp_size=lambda: 1)
