@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hydra import compose as hydra_compose  # noqa: E402
 from hydra import initialize_config_dir  # noqa: E402
+from shapes import LLAMA_8B, make_weights  # noqa: E402,F401  (peers.py reads LLAMA_8B here)
 
 from recipe import schema  # noqa: E402
 from recipe.backends.sglang import SGLangBackend  # noqa: E402
@@ -45,26 +46,6 @@ from recipe.packer import Packer, Progress  # noqa: E402
 from recipe.shards.codec import Codec  # noqa: E402
 from recipe.shards.store import ShardStore  # noqa: E402
 
-LLAMA_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-    max_position_embeddings=16384,
-    rms_norm_eps=1e-5,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-    torch_dtype="bfloat16",
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    bos_token_id=128000,
-    eos_token_id=128001,
-    hidden_act="silu",
-)
-
-
 REAL_ACTIVATION_RATIO = 1.448  # bench/codec.py, docs/codec-2026-11-30.json: trained model, default codec
 
 
@@ -72,51 +53,6 @@ def compose(overrides):
     schema.register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides))
-
-
-def make_weights(model_dir: Path) -> None:
-    """Init-scale random weights for the 8B shape, generated on the GPU, saved once (~16 GB)."""
-    import torch
-    from safetensors.torch import save_file
-
-    if (model_dir / "model.safetensors.index.json").exists():
-        return
-    c, g = LLAMA_8B, torch.Generator(device="cuda").manual_seed(0)
-    H, F, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
-    kv = H // c["num_attention_heads"] * c["num_key_value_heads"]
-
-    def w(*shape):
-        return (torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * 0.02).to(torch.bfloat16).cpu()
-
-    files, weight_map = [], {}
-    top = {
-        "model.embed_tokens.weight": w(V, H),
-        "lm_head.weight": w(V, H),
-        "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
-    }
-    files.append(("model-top.safetensors", top))
-    for i in range(L):
-        p = f"model.layers.{i}."
-        files.append(
-            (
-                f"model-{i:03d}.safetensors",
-                {
-                    p + "self_attn.q_proj.weight": w(H, H),
-                    p + "self_attn.k_proj.weight": w(kv, H),
-                    p + "self_attn.v_proj.weight": w(kv, H),
-                    p + "self_attn.o_proj.weight": w(H, H),
-                    p + "mlp.gate_proj.weight": w(F, H),
-                    p + "mlp.up_proj.weight": w(F, H),
-                    p + "mlp.down_proj.weight": w(H, F),
-                    p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
-                    p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
-                },
-            )
-        )
-    for name, tensors in files:
-        save_file(tensors, str(model_dir / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in tensors})
-    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 class NullPacker:
@@ -193,6 +129,7 @@ def arm_overrides(args, name: str, dump_parent: Path) -> list[str]:
         f"shards.workers={args.workers}",
         f"capture.writer_threads={args.writer_threads}",
         "capture.dump_timeout_s=120",
+        "client.self_check=0",  # the arms time the hook; the product bench runs the check as users do
         f"server.args.tp_size={args.tp}",
         "+server.args.enforce_disable_flashinfer_allreduce_fusion=true",
     ]

@@ -40,7 +40,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import prefill  # noqa: E402  (the 8B shape, its weights, the plain arm)
+import prefill  # noqa: E402  (the plain arm)
+import shapes  # noqa: E402  (the target shapes and their weights)
 
 from recipe.data import Sample  # noqa: E402
 from recipe.shards import ShardReader  # noqa: E402
@@ -74,7 +75,8 @@ def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
     """The recipe's command as a user types it; returns its timings and its shards' folder."""
     out, dumps = Path(args.out_root or args.work) / f"out-{tag}", Path(args.shm) / f"product-{tag}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "recipe", "backend=sglang", "model=llama-3.1-8b", f"model.path={model_dir}"]
+    model = shapes.SHAPES[args.shape].model if not args.fake else "tiny-llama"
+    cmd = [sys.executable, "-m", "recipe", "backend=sglang", f"model={model}", f"model.path={model_dir}"]
     cmd += [f"data.sources=[{data}]", f"output_dir={out}", f"capture.dump_dir={dumps}", f"server.port={args.port}"]
     cmd += args.flags
     log_path = Path(args.work) / f"recipe-{tag}.log"
@@ -125,7 +127,7 @@ def plain_arm(args, model_dir: Path, out: Path) -> dict:
         concurrency=cfg.client.concurrency,
         mem_fraction=cfg.server.args.mem_fraction_static,
         chunk=cfg.server.args.chunked_prefill_size,
-        attention_backend=args.attention_backend,
+        attention_backend=args.attention_backend or shapes.SHAPES[args.shape].attention,
         budget_gb=cfg.capture.budget_gb,
         workers=cfg.shards.workers,
         writer_threads=cfg.capture.writer_threads,
@@ -137,8 +139,9 @@ def plain_arm(args, model_dir: Path, out: Path) -> dict:
 
 
 def prepare_model(args) -> Path:
-    """The 8B-shape model with init-scale weights (or, with --fake, the tiny model and the fake
-    server); sets args.flags, the recipe overrides every product arm takes."""
+    """The target shape with init-scale weights (or, with --fake, the tiny model and the fake server);
+    sets args.flags, the recipe overrides every product arm takes."""
+    args.attention_backend = args.attention_backend or shapes.SHAPES[args.shape].attention
     args.flags = [f"server.args.attention_backend={args.attention_backend}"]
     if args.fake:
         from recipe.models import materialize
@@ -148,10 +151,8 @@ def prepare_model(args) -> Path:
         return materialize("tiny-llama")
     from recipe.models import make_tokenizer
 
-    model_dir = Path(args.model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(prefill.LLAMA_8B))
-    prefill.make_weights(model_dir)
+    model_dir = Path(args.model_dir or f"/tmp/{args.shape}")
+    shapes.make_weights(model_dir, args.shape)
     make_tokenizer("llama3").save_pretrained(model_dir)
     return model_dir
 
@@ -193,12 +194,14 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", default="/tmp/llama8b")
+    ap.add_argument("--shape", default="llama-8b", choices=sorted(shapes.SHAPES))
+    ap.add_argument("--model-dir", default=None, help="where the shape's weights are kept (default /tmp/SHAPE)")
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--min-len", type=int, default=512)
     ap.add_argument("--max-len", type=int, default=4096)
-    # fa3, SGLang's default on Hopper, is not in the slim kernel wheel this host gets (shared/gpu/README.md)
-    ap.add_argument("--attention-backend", default="flashinfer")
+    # fa3, SGLang's default on Hopper, is not in the slim kernel wheel this host gets (shared/gpu/README.md):
+    # the shape's own default (flashinfer for Llama, triton for GPT-OSS, whose sinks flashinfer lacks)
+    ap.add_argument("--attention-backend", default=None)
     ap.add_argument("--port", type=int, default=33000)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--work", default="/tmp/bench-product")

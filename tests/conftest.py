@@ -78,38 +78,33 @@ def small_run_cfg(tmp, *extra, limit=8):
 SEAM_FILES = ("sglang/srt/layers/logits_processor.py", "sglang/srt/model_executor/model_runner.py")
 
 
-def unpack_models(wheel: Path, dest: Path) -> Path:
-    """The files of the pinned wheel the patch and its tests read: the model files, the two files the
+def unpack_models(whl: Path, dest: Path) -> Path:
+    """The files of an SGLang wheel the patch and its tests read: the model files, the two files the
     seam patches, and the dist-info."""
-    with zipfile.ZipFile(wheel) as z:
+    with zipfile.ZipFile(whl) as z:
         for n in z.namelist():
             models = n.endswith(".py") and n.startswith("sglang/srt/models/")
-            ours = n in SEAM_FILES or n == "sglang/__init__.py" or n.startswith(f"sglang-{SGLANG_VERSION}.dist-info/")
+            ours = n in SEAM_FILES or n == "sglang/__init__.py" or (n.startswith("sglang-") and ".dist-info/" in n)
             if models or ours:
                 z.extract(n, dest)
     return dest
 
 
-@pytest.fixture(scope="session")
-def sglang_wheel():
+NEWEST = "0.5.23"  # the newest SGLang release: its seam patch is checked on the CPU (patches/sglang/v0.5.23)
+
+
+def wheel(version: str = SGLANG_VERSION) -> Path:
+    """The SGLang wheel of `version` from PyPI, downloaded once into a cache."""
     cache = Path(os.environ.get("RECIPE_WHEEL_CACHE", Path.home() / ".cache" / "hs-recipe" / "wheels"))
     cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
     if not found:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--disable-pip-version-check",
-                f"sglang=={SGLANG_VERSION}",
-                "-d",
-                str(cache),
-            ],
-            check=True,
-        )
-        found = sorted(cache.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check"]
+        subprocess.run([*pip, f"sglang=={version}", "-d", str(cache)], check=True)
+        found = sorted(cache.glob(f"sglang-{version}-*.whl"))
     return found[0]
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel():
+    return wheel(SGLANG_VERSION)

@@ -619,6 +619,12 @@ MUTATIONS = {
             "tests/test_export.py::test_speculators_teacher_is_right_for_a_one_plus_w_norm_and_refused_where_speculators_reads_w"
         ],
     ),
+    "hook_reads_packed_aux_as_rows": (
+        "recipe/capture/sglang_hook.py",
+        "    return list(aux.split(hidden, dim=-1))",
+        "    return list(aux)",
+        ["tests/test_sglang_hook.py::test_aux_packed_side_by_side_dumps_as_the_list_does"],
+    ),
     "patch_hooks_after_pruning": (
         "patches/sglang/v0.5.16/logits_processor.patch",
         (

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SGLANG_VERSION, unpack_models
+from conftest import NEWEST, ROOT, SGLANG_VERSION, unpack_models, wheel
 
 from recipe import patch
 
@@ -50,10 +50,7 @@ def function(tree, cls: str, name: str) -> ast.FunctionDef:
     return next(n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-def test_the_hook_runs_first_in_every_logits_processor_and_only_where_the_seam_set_it(site):
-    """Every model's forward ends in LogitsProcessor.forward with the whole pass in hand: the hook is its
-    first statement, before any row is pruned; every processor starts without one (a draft's too)."""
-    patch.apply(site, VERSION)
+def hook_runs_first(site) -> None:
     tree = ast.parse((site / PATCHED[0]).read_text())
     fwd = function(tree, "LogitsProcessor", "forward")
     first = ast.unparse(fwd.body[0])
@@ -65,8 +62,7 @@ def test_the_hook_runs_first_in_every_logits_processor_and_only_where_the_seam_s
     assert init.rstrip().endswith("self.hs_dump = None")
 
 
-def test_the_seam_is_installed_once_the_target_model_is_loaded_never_in_a_draft_worker(site):
-    patch.apply(site, VERSION)
+def installed_once_loaded(site) -> None:
     load = function(ast.parse((site / PATCHED[1]).read_text()), "ModelRunner", "load_model")
     src = ast.unparse(load)
     assert src.index("self.model = loaded.model") < src.index("install(self.model)")
@@ -75,6 +71,31 @@ def test_the_seam_is_installed_once_the_target_model_is_loaded_never_in_a_draft_
     inner = next(n for n in guard.body if isinstance(n, ast.If))
     assert ast.unparse(inner.test) == "os.environ.get('SGLANG_HS_DUMP_DIR')"
     assert "from recipe.capture.seam import install" in ast.unparse(inner)
+
+
+def test_the_hook_runs_first_in_every_logits_processor_and_only_where_the_seam_set_it(site):
+    """Every model's forward ends in LogitsProcessor.forward with the whole pass in hand: the hook is its
+    first statement, before any row is pruned; every processor starts without one (a draft's too)."""
+    patch.apply(site, VERSION)
+    hook_runs_first(site)
+
+
+def test_the_seam_is_installed_once_the_target_model_is_loaded_never_in_a_draft_worker(site):
+    patch.apply(site, VERSION)
+    installed_once_loaded(site)
+
+
+def test_the_newest_sglang_takes_the_same_seam(tmp_path):
+    """The seam as a patch set for the newest release (patches/sglang/v0.5.23): it applies exactly to that
+    wheel, in the same two places with the same signature. Not run on a GPU: the GPU host's torch (2.11)
+    is older than what 0.5.19 and later require (2.13-2.14.1)."""
+    site = unpack_models(wheel(NEWEST), tmp_path)
+    r = cli("apply", "--site-packages", str(site))  # the version read from the wheel's dist-info
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["sglang_version"] == NEWEST
+    hook_runs_first(site)
+    installed_once_loaded(site)
+    assert patch.smoke(site)["files"] == sorted(PATCHED)
 
 
 def test_smoke_names_a_missing_call(site):
@@ -103,8 +124,9 @@ def test_a_drifted_upstream_fails_loudly_and_writes_nothing(site):
     assert not (site / "sglang" / patch.STATUS_FILE).exists()
 
 
-def test_patches_stay_tiny_and_touch_two_upstream_files():
-    files = sorted((ROOT / "patches/sglang" / f"v{VERSION}").glob("*.patch"))
+@pytest.mark.parametrize("version", [VERSION, NEWEST])
+def test_patches_stay_tiny_and_touch_two_upstream_files(version):
+    files = sorted((ROOT / "patches/sglang" / f"v{version}").glob("*.patch"))
     touched = {rel for pf in files for rel, _ in patch.parse(pf.read_text())}
     assert touched == set(PATCHED)
     for pf in files:

@@ -209,6 +209,20 @@ def test_final_only_capture(tmp_path):
     assert hid.shape == (5, 1, H) and np.array_equal(hid[:, 0], final.view(torch.int16).numpy().view(np.uint16))
 
 
+def test_aux_packed_side_by_side_dumps_as_the_list_does(tmp_path):
+    """SGLang 0.5.23 hands some models' captures over as one [T, K*H] tensor: the same records."""
+    fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [5, 7], [0, 0])
+    for name, given in (("list", aux), ("packed", torch.cat(aux, dim=-1))):
+        (tmp_path / name).mkdir()
+        hk = hook(tmp_path / name)
+        hk(fb, final, given)
+        hk.flush()
+    listed, packed = dumped(tmp_path / "list"), dumped(tmp_path / "packed")
+    assert listed.keys() == packed.keys() and len(listed) == 2
+    for k in listed:
+        assert np.array_equal(listed[k][2], packed[k][2])
+
+
 def test_errors_leave_a_marker_not_a_dead_server(tmp_path):
     hk = hook(tmp_path)
     fb, final, aux = batch(ForwardMode.EXTEND, ["hsx-a", "hsx-b"], [5, 5], [0, 0])

@@ -60,6 +60,16 @@ def share(pre: list[int], ext: list[int], rank: int, size: int):
     return lo, hi, idx, pre2, ext2
 
 
+def aux_parts(aux, hidden: int) -> list:
+    """The K aux captures as [T, H] each: SGLang hands over a list of them (0.5.16) or, in the models it
+    moved to its packer (0.5.23), one [T, K*H] tensor of them side by side."""
+    if aux is None:
+        return []
+    if isinstance(aux, (list, tuple)):
+        return list(aux)
+    return list(aux.split(hidden, dim=-1))
+
+
 class DumpHook:
     """Selects the passes to dump and snapshots them; HostCopy moves them off the GPU and
     WriterThreads write them, so the forward pass never waits for the disk."""
@@ -115,7 +125,7 @@ class DumpHook:
         rids = [rids[i] for i in idx]
         if not any(r.startswith(self.prefix) for r in rids):  # warm-up, health checks: nothing of ours
             return
-        parts = list(aux_hidden_states or [])
+        parts = aux_parts(aux_hidden_states, hidden_states.shape[-1])
         if len(parts) != len(self.layers):
             raise RuntimeError(f"model captured {len(parts)} layers, {len(self.layers)} configured {self.layers}")
         if self.final:
