@@ -625,6 +625,36 @@ MUTATIONS = {
         "    return list(aux)",
         ["tests/test_sglang_hook.py::test_aux_packed_side_by_side_dumps_as_the_list_does"],
     ),
+    "token_counts_trust_a_file_of_other_samples": (
+        "recipe/shards/tokencounts.py",
+        "return counts.lines <= len(records) and digest_of(records[: counts.lines]) == counts.digest",
+        "return counts.lines <= len(records)",
+        ["tests/test_token_counts.py::test_a_counts_file_that_is_gone_damaged_or_foreign_is_counted_again"],
+    ),
+    "token_counts_stop_at_the_file": (
+        "recipe/shards/tokencounts.py",
+        "    return catch_up(counts, root, records, cache)",
+        "    return counts",
+        ["tests/test_token_counts.py::test_counts_are_exact_after_kill_9_and_the_resume"],
+    ),
+    "token_counts_order_ids_ascending": (
+        "recipe/shards/tokencounts.py",
+        'order = seen[np.argsort(self.first[seen], kind="stable")]',
+        "order = seen",
+        ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
+    ),
+    "specforge_mapping_breaks_ties_by_id": (
+        "recipe/shards/vocabmap.py",
+        "key=lambda i: -weight.get(order[i], 0))",
+        "key=lambda i: (-weight.get(order[i], 0), order[i]))",
+        ["tests/test_vocabmap.py::test_specforge_mapping_is_what_specforges_own_function_builds"],
+    ),
+    "speculators_mapping_breaks_ties_first_seen": (
+        "recipe/shards/vocabmap.py",
+        "ids[np.lexsort((ids, -freq))]",
+        'ids[np.argsort(-freq, kind="stable")]',
+        ["tests/test_vocabmap.py::test_speculators_mapping_and_frequencies_are_what_its_own_functions_build"],
+    ),
     "patch_hooks_after_pruning": (
         "patches/sglang/v0.5.16/logits_processor.patch",
         (

@@ -207,4 +207,5 @@ def index(store, s, res: Packed) -> None:
         raw_bytes=res.raw,
         loss_tokens=int(np.asarray(s.loss_mask).sum()),
         source=s.source,
+        token_ids=(s.input_ids, s.loss_mask),
     )

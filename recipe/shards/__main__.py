@@ -156,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model-dir", type=Path, help="the target checkpoint (default: the manifest's model.path)")
     e.add_argument("--gzip", action="store_true", help="specforge: data_i.ckpt.gz (its loader reads both)")
     e.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (stale files removed)")
+    e.add_argument("--draft-vocab", type=int, help="also the trainer's d2t/t2d for a draft of this many ids")
+    e.add_argument("--target-vocab", type=int, help="with --draft-vocab; default: the target's config.json")
     e.add_argument(
         "--workers", type=at_least_one, default=CORES,
         help="processes writing files (default: the cores, at most 8); 1 writes in this process",
@@ -168,6 +170,12 @@ def parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("dir", type=Path)
     sub.add_parser("rebuild-index").add_argument("dir", type=Path)
+    vm = sub.add_parser("vocab-map", help="a draft vocabulary's d2t/t2d from the set's token counts")
+    vm.add_argument("--draft-vocab", type=int, required=True, help="the draft's vocabulary size, e.g. 32000")
+    vm.add_argument("--to", choices=["specforge", "speculators", "both"], default="both")
+    vm.add_argument("--out", type=Path, help="where the files go (default: DIR/vocab/draft-N)")
+    vm.add_argument("--target-vocab", type=int, help="default: the target checkpoint's config.json")
+    vm.add_argument("dir", type=Path)
     mg = sub.add_parser("merge")
     mg.add_argument("out", type=Path)
     mg.add_argument("inputs", type=Path, nargs="+")
@@ -200,7 +208,27 @@ def command(argv=None) -> int:
         dest.write_bytes(index_lines(recs))
         print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")
         return 0
+    if a.cmd == "vocab-map":
+        return vocab_map_command(a)
     return export_command(a) if a.cmd == "export" else merge_command(a)
+
+
+def vocab_map_command(a: argparse.Namespace) -> int:
+    from .vocabmap import default_dest, refuse_foreign, write
+
+    dest = a.out or default_dest(a.dir, a.draft_vocab)
+    refuse_foreign(dest)
+    forms = ("specforge", "speculators") if a.to == "both" else (a.to,)
+    info = write(a.dir, dest, a.draft_vocab, forms, a.target_vocab)
+    print(f"a draft vocabulary of {a.draft_vocab} over {info['target_vocab_size']} target ids, from the loss-masked "
+          f"tokens of {info['samples']} samples, in {dest}:")  # fmt: skip
+    if "specforge" in info:
+        print(f"  SpecForge: model.vocab_mapping_path: {dest / 'vocab_mapping.pt'}  (draft_vocab_size: {a.draft_vocab};"
+              f" top-{a.draft_vocab} coverage {info['specforge']['coverage']:.2%})")  # fmt: skip
+    if "speculators" in info:
+        print(f"  speculators: --draft-vocab-size {a.draft_vocab} --d2t-path {dest / 'd2t.npy'} "
+              f"--t2d-path {dest / 't2d.npy'}  (token_freq.pt beside them)")  # fmt: skip
+    return 0
 
 
 def export_command(a: argparse.Namespace) -> int:
@@ -208,7 +236,8 @@ def export_command(a: argparse.Namespace) -> int:
 
     try:
         info = export(a.to, a.dir, a.out, final_norm=a.final_norm, model_dir=a.model_dir, compress=a.gzip,
-                      overwrite=a.overwrite, workers=a.workers)  # fmt: skip
+                      overwrite=a.overwrite, workers=a.workers, draft_vocab=a.draft_vocab,
+                      target_vocab=a.target_vocab)  # fmt: skip
     except ExportError as e:
         print(f"export refused: {e}", file=sys.stderr)
         return 2

@@ -303,6 +303,35 @@ def record_header(frame) -> dict:
         raise CorruptRecord(f"cannot read a record header: {e}") from e
 
 
+TOKENS = ("input_ids", "loss_mask")  # the first two tensors of every record the packer writes
+
+
+def record_tokens(source) -> tuple[np.ndarray, np.ndarray]:
+    """A sample's token ids and loss mask, decoding frame A only up to their end (the header and a few
+    bytes a token): what the set's token counts read of a stored sample. `source`: the record's bytes,
+    or a file positioned at its start (read as far as needed, not to the record's end)."""
+    try:
+        r = _decompressor().stream_reader(source, read_across_frames=False, closefd=False)
+        head = np.empty(4, np.uint8)
+        _read_into(r, memoryview(head))
+        size = int(head.view("<u4")[0])
+        if size > 1 << 24:
+            raise CorruptRecord(f"a record header of {size} bytes")
+        rest = np.empty(size, np.uint8)
+        _read_into(r, memoryview(rest))
+        header, _ = _header(np.concatenate([head, rest]))
+        tensors = header["tensors"][:2]
+        if [t["name"] for t in tensors] != list(TOKENS) or any(t["transform"] != "none" for t in tensors):
+            raise CorruptRecord(f"record does not start with {TOKENS}")
+        body = np.empty(tensors[1]["offset"] + tensors[1]["nbytes"], np.uint8)
+        _read_into(r, memoryview(body))
+        return tuple(_tensor(body, t["offset"], t, None)[0] for t in tensors)
+    except (zstd.ZstdError, ValueError, EOFError, KeyError, TypeError) as e:
+        if isinstance(e, CorruptRecord):
+            raise
+        raise CorruptRecord(f"cannot read a record's tokens: {e}") from e
+
+
 def tail_frame_follows(frame: bytes) -> bool:
     """For a scan without the index: does this record's frame A announce a frame B after it?"""
     return bool(record_header(frame).get("tail"))

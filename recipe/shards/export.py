@@ -187,41 +187,37 @@ def export(
     overwrite: bool = False,
     log=None,
     workers: int = 1,
+    draft_vocab: int | None = None,
+    target_vocab: int | None = None,
 ) -> dict:
     """Write `src`'s samples in trainer `fmt` to `out`, atomically: the files are built in a
     sibling staging folder and moved into place at the end, so a refused or failed export leaves
-    nothing and a finished one is complete. `workers` processes write it. Returns export_info."""
+    nothing and a finished one is complete. `workers` processes write it; with `draft_vocab`, the
+    trainer's d2t/t2d too (vocabmap.py). Returns export_info."""
     r, out, log = ShardReader(src), Path(out), log or sys.stderr  # stderr as it is now, not at import
     manifest_needs(r.root, r.manifest, "capture", ("layers", "final", "convention"))
     manifest_needs(r.root, r.manifest, "model", ("name", "path", "hidden_size", "num_layers"))
-    cap = r.manifest["capture"]
-    n_aux = len(cap["layers"])
     refuse_unless_exportable(fmt, r, out, final_norm, overwrite)
     if workers < 1:
         raise ExportError(f"--workers {workers}: at least 1")
     norm_w = None
     if fmt == "speculators" and final_norm == "pre-norm-equivalent":
         norm_w = final_norm_gain(model_dir_of(r, model_dir))
-    info = {
-        "format": fmt,
-        "source": str(Path(src).resolve()),
-        "samples_total": len(r),
-        "our_convention": cap["convention"],
-        "draft_config": draft_config(r, fmt),
-        "model_fingerprint": r.manifest.get("model_fingerprint"),
-    }
+    info = {"format": fmt, "source": str(Path(src).resolve()), "samples_total": len(r),
+            "our_convention": r.manifest["capture"]["convention"], "draft_config": draft_config(r, fmt),
+            "model_fingerprint": r.manifest.get("model_fingerprint")}  # fmt: skip
     stage = out.parent / f".{out.name}.export-partial"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        job = ExportJob(fmt, str(src), str(stage), n_aux, final_norm, norm_w, compress)
-        rows, columns = _write_samples(job, r, workers, log)
-        if fmt == "speculators":
-            _write_arrow(columns, stage)
-            info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in cap["layers"]] + (
-                ["final_pre_norm_equivalent"] if final_norm == "pre-norm-equivalent" else ["final_post_norm"]
-            )
-        _write_text(stage / "samples.jsonl", "".join(json.dumps(x) + "\n" for x in rows))
+        job = ExportJob(fmt, str(src), str(stage), len(r.manifest["capture"]["layers"]), final_norm, norm_w, compress)
+        _write_stage(job, r, info, workers, log)
+        if draft_vocab is not None:  # where each looks: SpecForge's extraction's folder, speculators' data_path
+            from .vocabmap import write
+
+            info["draft_config"]["draft_vocab_size"] = draft_vocab
+            where = stage / "vocab_mapping" if fmt == "specforge" else stage
+            info["vocab_map"] = write(src, where, draft_vocab, (fmt,), target_vocab)
         _write_text(stage / "export_info.json", json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
@@ -230,6 +226,18 @@ def export(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return info
+
+
+def _write_stage(job: ExportJob, r: ShardReader, info: dict, workers: int, log) -> None:
+    """The samples into the staging folder, with samples.jsonl (and speculators' Arrow table)."""
+    stage, cap = Path(job.stage), r.manifest["capture"]
+    rows, columns = _write_samples(job, r, workers, log)
+    if job.fmt == "speculators":
+        _write_arrow(columns, stage)
+        info["hidden_states_slots"] = [f"input_to_layer_{i}" for i in cap["layers"]] + (
+            ["final_pre_norm_equivalent"] if job.final_norm == "pre-norm-equivalent" else ["final_post_norm"]
+        )
+    _write_text(stage / "samples.jsonl", "".join(json.dumps(x) + "\n" for x in rows))
 
 
 def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: str, overwrite: bool) -> None:

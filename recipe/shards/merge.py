@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import CorruptFile, UserError
+from . import tokencounts
 from .aliasing import refuse_alias
 from .codec import CorruptRecord, crc32
 from .reader import ShardReader
@@ -77,6 +78,8 @@ def merge(out, inputs) -> dict:
             raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
     records, duplicates = link_shards_and_join_indexes(out, inputs)
     atomic_write(out / INDEX, index_lines(records))
+    counts = merged_counts(out, inputs, records, duplicates)
+    tokencounts.save(out, counts, records, atomic_write)
     ident = Path(inputs[0]) / IDENTITY
     if ident.exists():  # the merged set's identity: the first set's, without its job split
         merged_identity = json.loads(ident.read_text())
@@ -84,6 +87,7 @@ def merge(out, inputs) -> dict:
                                    "num_shards": None}  # fmt: skip
         atomic_write_json(out / IDENTITY, merged_identity)
     manifest = merged_manifest(inputs, manifests, records, duplicates)
+    manifest["token_counts"] = counts.summary()
     atomic_write_json(out / MANIFEST, manifest)
     return {"out": str(out), "samples": len(records), "duplicates": len(duplicates), "sets": len(inputs)}
 
@@ -104,6 +108,15 @@ def link_shards_and_join_indexes(out: Path, inputs) -> tuple[list[dict], list[di
             seen.add(r["id"])
             records.append({**r, "shard": f"set{k:03d}-{r['shard']}"})
     return records, duplicates
+
+
+def merged_counts(out: Path, inputs, records: list[dict], duplicates: list[dict]) -> tokencounts.Counts:
+    """The merged set's token counts: the inputs' own, joined in order, where every sample of each was
+    kept; counted from the merged samples where a duplicate was dropped."""
+    if duplicates:
+        return tokencounts.catch_up(tokencounts.Counts(), out, records)
+    parts = [tokencounts.load(Path(d), read_index(Path(d))) for d in inputs]
+    return tokencounts.compose(parts, records)
 
 
 def place(src: Path, dst: Path) -> None:

@@ -23,11 +23,13 @@ import errno
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptFile, OutputDirError, UserError
 from . import repair as repair_mod
+from . import tokencounts
 from .codec import scan_json
 
 INDEX = "index.jsonl"
@@ -358,7 +360,8 @@ def repair_on_open(root: Path, deep: bool, suspect: set[str] = frozenset()) -> R
 
 def refuse_links(root: Path) -> None:
     """No file or folder of the set is a symbolic link (the recipe would write through it)."""
-    owned = [root / n for n in (SHARD_DIR, INDEX, MANIFEST, IDENTITY, ".lock")] + [root / SHARD_DIR / "NEXT"]
+    owned = [root / n for n in (SHARD_DIR, INDEX, MANIFEST, IDENTITY, ".lock", tokencounts.FILE)]
+    owned += [root / SHARD_DIR / "NEXT"]
     shards = root / SHARD_DIR
     if shards.is_dir() and not shards.is_symlink():
         owned += sorted(shards.glob("shard-*.bin"))
@@ -423,6 +426,9 @@ class ShardStore:
         self.reindexed, self.recovered = self.reindexed + fixed.reindexed, self.recovered + fixed.recovered
         self.keys = {r["key"] for r in self.records}
         self.ids = {r["id"] for r in self.records}
+        self._tokens: dict = {}  # key -> (ids, loss mask) of samples added, until the counts take them
+        self.counts = tokencounts.load(self.root, self.records)  # exactly the samples the index lists
+        self._counted_at = time.monotonic()
         self._reusable = open_tails(self.root, fixed.ends, {n for n, _ in self.left}, self.max_shard_bytes)
         # no buffer that could replay a failed append
         self._index = owned_file(self.root / INDEX, "ab", buffering=0)
@@ -465,9 +471,13 @@ class ShardStore:
         return read_owned(nxt, int, fix) if nxt.exists() else 0
 
     def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
-            raw_bytes: int, **extra) -> None:  # fmt: skip
-        """Record a frame already written to `shard` (by a packer worker that owns that file)."""
+            raw_bytes: int, token_ids=None, **extra) -> None:  # fmt: skip
+        """Record a frame already written to `shard` (by a packer worker that owns that file);
+        token_ids: its (input ids, loss mask), which the token counts take once it is committed (else
+        they read them back from the record)."""
         self._check_new(sample_id, key)
+        if token_ids is not None:
+            self._tokens[key] = token_ids
         self._pending.append({"id": sample_id, "key": key, "shard": shard, "offset": offset, "length": length,
                               "tokens": tokens, "raw_bytes": raw_bytes, "crc32": crc32, **extra})  # fmt: skip
         self.keys.add(key)
@@ -508,14 +518,24 @@ class ShardStore:
             self._pending[:0] = batch  # still pending: a later commit (or the resume) retries them
             raise
         self.records.extend(batch)
+        tokencounts.catch_up(self.counts, self.root, self.records, self._tokens)
+        if time.monotonic() - self._counted_at > 60:  # bounds what a resume after kill -9 reads back
+            self.save_counts()
         return batch
+
+    def save_counts(self) -> None:
+        """token_counts.npz, replaced whole, for exactly the committed index (when it changed)."""
+        tokencounts.catch_up(self.counts, self.root, self.records, self._tokens)
+        tokencounts.save(self.root, self.counts, self.records, atomic_write)
+        self._counted_at = time.monotonic()
 
     def write_manifest(self, fields: dict) -> dict:
         """The manifest, with a copy of the identity (what a resume checks if identity.json is lost)
         and the shards whose bytes past their last record were left as they are (`left`: never
         taken for an uncommitted append later, and named by verify as left)."""
+        self.save_counts()
         manifest = {**self.provenance, **fields, **summarize(self.records), "identity": self.identity,
-                    "left": self.left_bytes()}  # fmt: skip
+                    "left": self.left_bytes(), "token_counts": self.counts.summary()}  # fmt: skip
         atomic_write_json(self.root / MANIFEST, manifest)
         return manifest
 
@@ -541,6 +561,7 @@ class ShardStore:
             return
         try:
             self.commit()
+            self.save_counts()
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
             self._pending = []
         self._index.close()

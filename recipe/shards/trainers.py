@@ -14,6 +14,7 @@ Classes live at module level so the datasets pickle into spawn/forkserver DataLo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .export import ExportError, final_norm_gain, model_dir_of, specforge_file, specforge_raw, speculators_raw
@@ -113,11 +114,53 @@ class _ShardFiles:
         return self.item(ds.sample(int(i)), ds.n_aux)
 
 
+def shard_counter(root: str, max_length: int | None = None):
+    """The set's loss-masked token counts as SpecForge counts them for its vocabulary mapping: a Counter
+    in first-seen order over the samples in index order, each cut to max_length as its reader cuts it;
+    and what identifies them (SpecForge keys its mapping cache with it)."""
+    from collections import Counter
+
+    from . import tokencounts
+
+    reader = ShardReader(root)
+    longest = max((r["tokens"] for r in reader.records), default=0)
+    if max_length is None or longest <= max_length:
+        counts = tokencounts.load(reader.root, reader.records)
+    else:
+        counts = tokencounts.within(reader.root, reader.records, max_length)
+    ids, freq = counts.counter()
+    identity = {"kind": "hs-recipe-shards-v1", "root": str(reader.root.resolve()), "samples": counts.lines,
+                "digest": tokencounts.digest_of(reader.records).hex(), "max_length": max_length}  # fmt: skip
+    return Counter(dict(zip(ids.tolist(), freq.tolist()))), identity
+
+
+def _mapping_from_shards(original):
+    """SpecForge's offline vocabulary mapping, with the counts a shard set keeps in place of the ones it
+    would read from feature files (which a shard set does not have): the same Counter, then SpecForge's
+    own install (its rule, its cache keyed by this identity, its buffers)."""
+
+    def ensure(cfg, bundle, algorithm):
+        path = cfg.data.hidden_states_path
+        draft, target = bundle.draft_vocab_size, bundle.target_vocab_size
+        if not _is_shard_set(path) or cfg.model.vocab_mapping_path or draft == target:
+            return original(cfg, bundle, algorithm)
+        from specforge.training.assembly import _install_dataset_vocab_mapping
+
+        counter, identity = shard_counter(path, cfg.data.max_length)
+        _install_dataset_vocab_mapping(
+            cfg, bundle, counts=counter, dataset_identity=json.dumps(identity, sort_keys=True)
+        )
+
+    return ensure
+
+
 class specforge_reads_shards:
     """Within this block, SpecForge's offline trainer reads a shard set named as
     `data.hidden_states_path` directly: each feature "file" is one sample, built by the same
     `specforge_raw` the exporter writes (so the loss curve equals training on an export), and every
-    other step (sampler, normalizer, collator, vocab mapping, training) is SpecForge's own.
+    other step (sampler, normalizer, collator, training) is SpecForge's own. A draft vocabulary smaller
+    than the target's is mapped from the set's own token counts (`shard_counter`, in index order)
+    through SpecForge's own mapping code: the mapping vocab-map writes for the same set.
 
         with specforge_reads_shards():
             specforge.cli.main(["train", "-c", "run.yaml"])   # data.hidden_states_path: OUT
@@ -130,14 +173,18 @@ class specforge_reads_shards:
 
     def __enter__(self):
         from specforge.runtime.data_plane import feature_store, offline_reader
+        from specforge.training import assembly
 
-        self._mods = (offline_reader, feature_store)
-        self._saved = (offline_reader.list_feature_files, feature_store.load_feature_file)
-        files = _ShardFiles(*self._saved, self.item)
+        self._mods = (offline_reader, feature_store, assembly)
+        self._saved = (offline_reader.list_feature_files, feature_store.load_feature_file,
+                       assembly._ensure_offline_vocab_mapping)  # fmt: skip
+        files = _ShardFiles(*self._saved[:2], self.item)
         offline_reader.list_feature_files, feature_store.load_feature_file = files.list, files.load
+        assembly._ensure_offline_vocab_mapping = _mapping_from_shards(self._saved[2])
         return files
 
     def __exit__(self, *exc):
-        (offline_reader, feature_store), (lst, load) = self._mods, self._saved
+        (offline_reader, feature_store, assembly), (lst, load, mapping) = self._mods, self._saved
         offline_reader.list_feature_files, feature_store.load_feature_file = lst, load
+        assembly._ensure_offline_vocab_mapping = mapping
         return False

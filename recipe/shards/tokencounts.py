@@ -1,0 +1,198 @@
+"""A set's token counts: per token id, how often it appears in the stored samples' loss-masked
+positions (what SpecForge and speculators build a draft vocabulary's d2t/t2d from) and in all positions.
+
+They live beside the index as token_counts.npz and describe exactly the samples the index lists, in
+index order: `lines` says how many index lines they cover and `digest` hashes those lines' sample
+keys in order, so a file that does not match the index it sits beside (a run killed after it committed
+lines, a repair that rewrote the index) is never trusted: the counts are brought up to the index from
+the samples themselves (`record_tokens`, a few bytes of each record), or recounted.
+Besides the counts, the order in which ids were first seen among loss-masked tokens (index order,
+ascending ids within a sample): SpecForge's Counter breaks ties among equal counts that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .codec import CorruptRecord, record_tokens
+
+log = logging.getLogger(__name__)
+
+FILE = "token_counts.npz"
+VERSION = 1
+
+
+def digest_of(records: list) -> bytes:
+    """The sample keys of these index lines, in order, hashed (one call: 0.2 s over a million)."""
+    return hashlib.sha256("\n".join(r["key"] for r in records).encode()).digest()
+
+
+@dataclass
+class Counts:
+    loss: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per id, loss-masked tokens
+    all: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per id, every token
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rank first seen loss-masked, -1 never
+    ranked: int = 0
+    lines: int = 0  # index lines (samples) counted, from the first
+    digest: bytes = b""  # digest_of those lines, as last saved or read
+    saved: int = -1  # the lines token_counts.npz on disk holds of these counts (-1: it holds none of them)
+
+    def _grow(self, top: int) -> None:
+        if top >= self.loss.size:
+            n = max(top + 1, 2 * self.loss.size)
+            for name, fill in (("loss", 0), ("all", 0), ("first", -1)):
+                old = getattr(self, name)
+                new = np.full(n, fill, np.int64)
+                new[: old.size] = old
+                setattr(self, name, new)
+
+    def add(self, key: str, ids, mask) -> None:
+        """One more sample, the next in index order."""
+        ids, mask = np.asarray(ids, np.int64), np.asarray(mask)
+        if ids.size:
+            self._grow(int(ids.max()))
+            u, c = np.unique(ids, return_counts=True)
+            self.all[u] += c
+            u, c = np.unique(ids[mask == 1], return_counts=True)
+            new = u[self.first[u] < 0]
+            self.first[new] = self.ranked + np.arange(new.size)
+            self.ranked += new.size
+            self.loss[u] += c
+        self.lines += 1
+
+    def counter(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, loss-masked counts) of every id seen in a loss-masked position, in first-seen order."""
+        seen = np.flatnonzero(self.first >= 0)
+        order = seen[np.argsort(self.first[seen], kind="stable")]
+        return order, self.loss[order]
+
+    def summary(self) -> dict:
+        return {"file": FILE, "samples": self.lines, "loss_tokens": int(self.loss.sum()),
+                "tokens": int(self.all.sum()), "distinct_loss_ids": self.ranked,
+                "distinct_ids": int(np.count_nonzero(self.all))}  # fmt: skip
+
+    def to_bytes(self) -> bytes:
+        ids, loss = self.counter()
+        every = np.flatnonzero(self.all)
+        buf = io.BytesIO()
+        np.savez(buf, version=VERSION, lines=self.lines, digest=np.frombuffer(self.digest, np.uint8),
+                 loss_ids=ids.astype(np.int32), loss_counts=loss, all_ids=every.astype(np.int32),
+                 all_counts=self.all[every])  # fmt: skip
+        return buf.getvalue()
+
+    @classmethod
+    def from_file(cls, path: Path) -> Counts:
+        with np.load(path) as z:
+            if int(z["version"]) != VERSION:
+                raise ValueError(f"token counts version {int(z['version'])}")
+            c = cls(lines=int(z["lines"]), digest=z["digest"].tobytes())
+            ids, every = z["loss_ids"].astype(np.int64), z["all_ids"].astype(np.int64)
+            c._grow(int(max(ids.max(initial=-1), every.max(initial=-1))))
+            c.loss[ids], c.first[ids], c.all[every] = z["loss_counts"], np.arange(ids.size), z["all_counts"]
+            c.ranked = ids.size
+        return c
+
+
+def read_tokens(root: Path, rec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A stored sample's ids and loss mask, from its record's first bytes."""
+    with open(Path(root) / "shards" / rec["shard"], "rb", buffering=1 << 16) as f:
+        f.seek(rec["offset"])
+        return record_tokens(f)
+
+
+def tokens_or_none(root: Path, rec: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A record's tokens; none for one that cannot give them (damaged, or ids and mask of two lengths:
+    `verify` names it, a reader refuses it, and a trainer never sees its tokens)."""
+    try:
+        ids, mask = read_tokens(root, rec)
+        if ids.shape == mask.shape:
+            return ids, mask
+    except (CorruptRecord, OSError):
+        pass
+    log.warning("token counts: sample %s does not give its tokens (see `verify`); counted as none", rec.get("id"))
+    return np.zeros(0, np.int64), np.zeros(0, np.uint8)
+
+
+def catch_up(counts: Counts, root: Path, records: list, cache: dict | None = None) -> Counts:
+    """`counts` brought up to the index: every record past those counted, in order, its tokens from
+    `cache` (key -> (ids, mask), taken out) or read from its record. A progress line on long work."""
+    todo, t0, last = records[counts.lines :], time.monotonic(), time.monotonic()
+    for i, rec in enumerate(todo):
+        tokens = cache.pop(rec["key"], None) if cache else None
+        counts.add(rec["key"], *(tokens if tokens is not None else tokens_or_none(root, rec)))
+        if time.monotonic() - last > 10:
+            log.info("token counts: %d of %d samples read (%.0f s)", i + 1, len(todo), time.monotonic() - t0)
+            last = time.monotonic()
+    return counts
+
+
+def within(root: Path, records: list, max_length: int) -> Counts:
+    """The counts of the samples cut to their first max_length tokens, as a trainer that truncates
+    them counts (SpecForge's offline vocabulary mapping, data.max_length)."""
+    counts = Counts()
+    for rec in records:
+        ids, mask = read_tokens(root, rec)
+        counts.add(rec["key"], ids[:max_length], mask[:max_length])
+    return counts
+
+
+def covers(counts: Counts, records: list) -> bool:
+    """The counts are of the first `lines` samples the index lists, in its order."""
+    return counts.lines <= len(records) and digest_of(records[: counts.lines]) == counts.digest
+
+
+def load(root: Path, records: list, cache: dict | None = None) -> Counts:
+    """The set's counts for exactly `records` (its index): the file where it matches, brought up to
+    the index; else counted again from every stored sample."""
+    path = Path(root) / FILE
+    counts = None
+    if path.exists():
+        try:
+            counts = Counts.from_file(path)
+        except Exception as e:  # damaged in any way (a cut zip, a wrong array): derived data, counted again
+            log.warning("%s is unreadable (%s); counting the stored samples' tokens again", path, e)
+    if counts is None or not covers(counts, records):
+        if records and counts is not None:
+            log.warning("%s does not match the index; counting the stored samples' tokens again", path)
+        counts = Counts()
+    else:
+        counts.saved = counts.lines
+    if len(records) - counts.lines > 1000:
+        log.info("token counts: reading %d stored samples' tokens", len(records) - counts.lines)
+    return catch_up(counts, root, records, cache)
+
+
+def save(root: Path, counts: Counts, records: list, write) -> None:
+    """The counts of `records` (the index), replaced whole through `write(path, bytes)` (the store's
+    atomic write), unless the file already holds them."""
+    if counts.lines != len(records):
+        raise ValueError(f"counts of {counts.lines} samples for an index of {len(records)}")
+    if counts.saved != counts.lines:
+        counts.digest = digest_of(records)
+        write(Path(root) / FILE, counts.to_bytes())
+        counts.saved = counts.lines
+
+
+def compose(parts: list[Counts], records: list) -> Counts:
+    """The counts of sets joined whole, in order, as `records` (a merge that dropped no sample): sums,
+    and first-seen order the first set's, then each next set's ids not seen before in its own order."""
+    out = Counts()
+    for p in parts:
+        ids, _ = p.counter()
+        out._grow(int(max(p.loss.size, p.all.size)) - 1)
+        out.loss[: p.loss.size] += p.loss
+        out.all[: p.all.size] += p.all
+        new = ids[out.first[ids] < 0]
+        out.first[new] = out.ranked + np.arange(new.size)
+        out.ranked += new.size
+        out.lines += p.lines
+    if out.lines != len(records):
+        raise ValueError(f"counts of {out.lines} samples for an index of {len(records)}")
+    return out
