@@ -142,7 +142,7 @@ def prepare_model(args) -> Path:
     """The target shape with init-scale weights (or, with --fake, the tiny model and the fake server);
     sets args.flags, the recipe overrides every product arm takes."""
     args.attention_backend = args.attention_backend or shapes.SHAPES[args.shape].attention
-    args.flags = [f"server.args.attention_backend={args.attention_backend}"]
+    args.flags = [f"server.args.attention_backend={args.attention_backend}", f"shards.codec={args.codec}"]
     if args.fake:
         from recipe.models import materialize
 
@@ -195,6 +195,7 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-8b", choices=sorted(shapes.SHAPES))
+    ap.add_argument("--codec", default="lossless", choices=["lossless", "fp8"], help="the product arms' shards.codec")
     ap.add_argument("--model-dir", default=None, help="where the shape's weights are kept (default /tmp/SHAPE)")
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--min-len", type=int, default=512)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from . import preflight, schema, units
@@ -32,7 +33,15 @@ from .data import Plan, build_plan, sample_key
 from .errors import ModelDirError, OutputDirError, UserError, disk_full
 from .models import resolve_model_path
 from .packer import Packer, Progress
-from .provenance import backend_provenance, capture_spec, identity, model_fingerprint, tokenizer_provenance, versions
+from .provenance import (
+    backend_provenance,
+    capture_spec,
+    codec_name,
+    identity,
+    model_fingerprint,
+    tokenizer_provenance,  # fmt: skip
+    versions,
+)
 from .shards.codec import Codec
 from .shards.store import ShardStore
 
@@ -245,7 +254,7 @@ def capture(cfg, job: Job) -> Captured:
     with graceful_stop(stop), dump_folder(cfg) as dump_dir:
         budget = int(cfg.capture.budget_gb * (1 << 30))
         progress = Progress(len(job.todo), cfg.log_every_s, dump_dir, budget)
-        codec = Codec(cfg.shards.zstd_level, entropy_only=cfg.shards.entropy_only)
+        codec = Codec(cfg.shards.zstd_level, entropy_only=cfg.shards.entropy_only, kind=cfg.shards.codec)
         with Packer(
             dump_dir,
             job.store,
@@ -343,11 +352,7 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
             "shard_index": cfg.data.shard_index,
             "num_shards": cfg.data.num_shards,
         },
-        "codec": {
-            "zstd_level": cfg.shards.zstd_level,
-            "transform": "byteplane",  # what the packer writes (docs/FORMAT.md)
-            "entropy_only": cfg.shards.entropy_only,
-        },
+        "codec": codec_fields(cfg, job, packer),
         "backend": backend_provenance(cfg),
         "counts": counts,
         "examples": {"skipped": dict(the_plan.examples), "failed": dict(packer.examples)},
@@ -358,6 +363,23 @@ def finish(cfg, job: Job, cap: Captured) -> dict:
     print_summary(Path(cfg.output_dir), counts, the_plan, packer, manifest)
     fail_unless_whole(cfg, counts, cap)
     return counts
+
+
+def codec_fields(cfg, job: Job, packer) -> dict:
+    """What the records hold: the codec, and for fp8 its measured error per slot, sqrt(sum of squared
+    errors / sum of squares) over every sample it stored, this run's added to the set's earlier ones."""
+    fields = {"name": codec_name(cfg.shards.codec), "zstd_level": cfg.shards.zstd_level,
+              "transform": "byteplane" if cfg.shards.codec == "lossless" else "fp8-per-token-and-slot",
+              "entropy_only": cfg.shards.entropy_only}  # fmt: skip
+    if cfg.shards.codec != "fp8":
+        return fields
+    sums = packer.codec_error.copy()
+    before = (job.store.earlier_manifest or {}).get("codec") or {}
+    if before.get("name") == fields["name"] and isinstance(before.get("error_sums"), dict):
+        sums += np.asarray([before["error_sums"].get(s, [0.0, 0.0]) for s in job.slots]).T
+    fields["error_sums"] = {s: [float(e), float(n)] for s, e, n in zip(job.slots, *sums)}
+    fields["rel_l2_error"] = {s: round(float(np.sqrt(e / n)), 6) if n else None for s, e, n in zip(job.slots, *sums)}
+    return fields
 
 
 def accounting(job: Job, packer) -> dict:

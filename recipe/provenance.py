@@ -72,6 +72,8 @@ def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dic
         "model_fingerprint": fingerprint,
         "capture": capture_spec(cfg),
         "tokenizer": tokenizer,
+        # only when not the default: sets written before this field existed keep their identity
+        **({"codec": codec_name(cfg.shards.codec)} if cfg.shards.codec != "lossless" else {}),
         "data": {
             "sources": [{"source": s["source"], "sha256": s["sha256"]} for s in sources],
             "max_length": cfg.data.max_length,
@@ -86,6 +88,14 @@ def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dic
             ),
         },
     }
+
+
+def codec_name(kind: str) -> str:
+    """What a set's records hold, as the identity and the manifest name it: `lossless` (bf16 as it
+    is), or the fp8 codec's versioned name."""
+    from .shards import fp8
+
+    return fp8.NAME if kind == "fp8" else "lossless"
 
 
 def versions() -> dict:

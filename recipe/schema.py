@@ -129,6 +129,9 @@ class ClientConfig:
 
 @dataclass
 class ShardsConfig:
+    # lossless: bf16 as computed (1.45x smaller with byte planes + zstd); fp8: e4m3 with a float32 scale
+    # per token and slot, half the bytes before zstd, dequantized to bf16 by every reader (docs/FORMAT.md)
+    codec: str = "lossless"
     max_shard_gb: float = 4.0  # each packer process rolls over to a new shard file past this
     entropy_only: bool = True  # zstd tuned for bf16 byte planes (recipe/shards/codec.py); false: zstd_level
     zstd_level: int = 1  # used when entropy_only=false; on real activations L1 beats L3 in ratio and speed
@@ -193,6 +196,7 @@ def validate(cfg) -> None:
             -7 <= s.zstd_level <= 22 and s.zstd_level != 0,
             f"shards.zstd_level={s.zstd_level}: zstd levels are -7..-1, 1..22",
         ),
+        (s.codec in ("lossless", "fp8"), f"shards.codec={s.codec}: lossless or fp8"),
         (s.workers >= 1, f"shards.workers={s.workers} must be >= 1"),
         (s.commit_every >= 1, f"shards.commit_every={s.commit_every} must be >= 1"),
         (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),

@@ -11,6 +11,7 @@ architecture the seam serves, proven or not, at the cost of one lm_head read at 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -231,3 +232,30 @@ def read_frame(root: Path, rec: dict) -> bytes:
         return os.pread(fd, rec["length"], rec["offset"])
     finally:
         os.close(fd)
+
+
+async def judge_as_stored(check: SelfCheck, store) -> SelfCheckFailed | None:
+    """While requests go out: each self-check sample judged as soon as the store has committed it."""
+    while check.pending() or check.requested < check.samples:
+        await asyncio.sleep(0.25)
+        try:
+            await asyncio.to_thread(check.poll, store)
+        except SelfCheckFailed as e:
+            return e
+    return None
+
+
+async def judge_the_rest(check: SelfCheck, packer) -> SelfCheckFailed | None:
+    """Every request answered: the samples not judged yet, once stored; a probe sample that failed is
+    a failed sample (counted as any other), so the wait ends when the packer holds nothing more."""
+    while check.pending():
+        try:
+            await asyncio.to_thread(check.poll, packer.store)
+        except SelfCheckFailed as e:
+            return e
+        if not check.pending() or not packer.outstanding():
+            break
+        await asyncio.sleep(0.1)
+    if check.pending() and not check.skipped:
+        log.warning("self-check: %d of its samples were not stored", check.pending())
+    return None

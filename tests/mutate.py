@@ -655,6 +655,30 @@ MUTATIONS = {
         'ids[np.argsort(-freq, kind="stable")]',
         ["tests/test_vocabmap.py::test_speculators_mapping_and_frequencies_are_what_its_own_functions_build"],
     ),
+    "fp8_ties_away_from_even": (
+        "recipe/shards/_fp8.c",
+        "uint32_t normal = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);",
+        "uint32_t normal = ((a + 0x80000u) >> 20) - (120u << 3);",
+        ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
+    ),
+    "fp8_groups_follow_the_pieces": (
+        "recipe/packer/worker.py",
+        "    for row, hi, lo in groups(((r, h, lo) for (r, h), (_, lo) in pairs), fp8.group_tokens(slots, hidden)):",
+        "    for row, hi, lo in ((r, h, lo) for (r, h), (_, lo) in pairs):",
+        ["tests/test_fp8.py::test_a_chunked_sample_is_stored_in_whole_groups_whatever_its_pieces"],
+    ),
+    "fp8_numpy_ties_away_from_even": (
+        "recipe/shards/fp8.py",
+        "((up == down) & (hi % 2 == 0))",
+        "(up == down)",
+        ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
+    ),
+    "fp8_identity_without_the_codec": (
+        "recipe/provenance.py",
+        '**({"codec": codec_name(cfg.shards.codec)} if cfg.shards.codec != "lossless" else {}),',
+        "",
+        ["tests/test_fp8.py::test_a_set_never_holds_both_codecs"],
+    ),
     "patch_hooks_after_pruning": (
         "patches/sglang/v0.5.16/logits_processor.patch",
         (

@@ -27,7 +27,7 @@ from ..capture.settings import HookSettings
 from ..errors import UserError
 from ..procs import die_with_parent
 from ..schema import ConfigError
-from ..selfcheck import SelfCheck, SelfCheckFailed
+from ..selfcheck import SelfCheck, SelfCheckFailed, judge_as_stored, judge_the_rest
 
 log = logging.getLogger(__name__)
 
@@ -377,41 +377,19 @@ class SGLangBackend:
                         await self._one(http, s, packer)
 
             helpers = [asyncio.create_task(self.keeper.watchdog(http))] if self.opts.launch else []
-            helpers += [asyncio.create_task(self._checker(packer))] if self.check else []
+            helpers += [asyncio.create_task(self._watch(packer))] if self.check else []
             try:
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
                 if self.check and self.check_failed is None:
-                    await self._settle_check(packer)
+                    self.check_failed = await judge_the_rest(self.check, packer)
             finally:
                 for t in helpers:
                     t.cancel()
         if self.check_failed is not None:
             raise self.check_failed
 
-    async def _checker(self, packer) -> None:
-        """Judges each self-check sample as soon as the store has committed it."""
-        while self.check.pending() or self.check.requested < self.check.samples:
-            await asyncio.sleep(0.25)
-            try:
-                await asyncio.to_thread(self.check.poll, packer.store)
-            except SelfCheckFailed as e:
-                self.check_failed = e
-                return
-
-    async def _settle_check(self, packer) -> None:
-        """Every request is answered: wait until the self-check samples are judged, or the packer has
-        nothing left (a probe sample that failed is a failed sample, counted as any other)."""
-        while self.check.pending():
-            try:
-                await asyncio.to_thread(self.check.poll, packer.store)
-            except SelfCheckFailed as e:
-                self.check_failed = e
-                return
-            if not self.check.pending() or not packer.outstanding():
-                break
-            await asyncio.sleep(0.1)
-        if self.check.pending() and not self.check.skipped:
-            log.warning("self-check: %d of its samples were not stored", self.check.pending())
+    async def _watch(self, packer) -> None:
+        self.check_failed = await judge_as_stored(self.check, packer.store)
 
     async def _wait_budget(self) -> None:
         """Back-pressure: no new request while the dump directory holds more than the budget."""

@@ -47,6 +47,7 @@ class Packed:
     length: int
     crc: int
     raw: int  # bytes before compression
+    error: tuple | None = None  # fp8: per slot, (squared errors), (squared norms) of what it stored
 
 
 @dataclass(frozen=True)

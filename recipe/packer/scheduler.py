@@ -56,6 +56,7 @@ class Packer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="packer", daemon=True)
         self._tids = itertools.count()
+        self.codec_error = np.zeros((2, len(slots)))  # fp8: per slot, squared error and squared norm stored
         b = self.books  # the backend's side: what it sent, what answered, what failed or was retried
         self.expect, self.responded, self.fail, self.forget = b.expect, b.responded, b.fail, b.forget
 
@@ -169,6 +170,7 @@ class Packer:
                 raise RuntimeError(f"packer worker failed on sample {p.sample.id}:\n{res.traceback}")
             else:
                 self.pool.packed_to(w, res.shard, res.offset + res.length)
+                self.codec_error += np.asarray(res.error) if res.error is not None else 0
                 index(self.store, p.sample, res)
                 self.committer.add(p, res.raw)
                 self.progress.add(len(p.sample.input_ids), res.raw, res.length)

@@ -13,12 +13,13 @@ import numpy as np
 
 from ..capture import records
 from ..procs import die_with_parent
+from ..shards import fp8
 from ..shards.codec import Codec, RecordWriter, crc32
 from ..shards.store import open_owned
 from .checks import PlaneCheck, validate
 from .messages import DiskError, Packed, PackTask, Refused, WorkerBug
 
-BLOCK = 1 << 19  # bytes of a plane per read: each block is checked and coded while in cache
+BLOCK = fp8.GROUP_BYTES  # bytes of a plane per read, each block checked and coded while in cache (an fp8 group)
 _buf: list = []  # per process, reused: a sample costs no fresh pages
 
 
@@ -45,13 +46,15 @@ def assemble(pieces: list[tuple[str, int]], n: int, slots: int, hidden: int) -> 
     return ids[:row], out
 
 
-def planes(pieces: list[Piece], which: int, slots: int, hidden: int):
+def planes(pieces: list[Piece], which: int, slots: int, hidden: int, buf: int = 0):
     """Yields (row, [k, slots, H] block) of one plane (0: high, 1: low) over all pieces in order,
-    read block by block into one reused buffer (valid until the next block)."""
+    read block by block into reused buffer `buf` (valid until the next block)."""
     width = slots * hidden
     rows = max(1, BLOCK // width)
-    if not _buf or _buf[0].size < rows * width:
-        _buf[:] = [np.empty(rows * width, np.uint8)]
+    while len(_buf) <= buf:
+        _buf.append(np.empty(0, np.uint8))
+    if _buf[buf].size < rows * width:
+        _buf[buf] = np.empty(rows * width, np.uint8)
     row = 0
     for p in pieces:
         fd = os.open(p.path, os.O_RDONLY)
@@ -59,7 +62,7 @@ def planes(pieces: list[Piece], which: int, slots: int, hidden: int):
             start = p.base + 4 * p.n + which * p.n * width
             for r in range(0, p.n, rows):
                 k = min(rows, p.n - r)
-                block = _buf[0][: k * width]
+                block = _buf[buf][: k * width]
                 if os.preadv(fd, [block], start + r * width) != block.size:
                     raise ValueError(f"{p.path}: piece is shorter than its header says")
                 yield row + r, block.reshape(k, slots, hidden)
@@ -91,37 +94,83 @@ class ShardAppender:
                 views[0] = views[0][done:]
 
 
-def pack(task: PackTask, codec: Codec, sink) -> str | int:
+def pack(task: PackTask, codec: Codec, sink, error: np.ndarray | None = None) -> str | int:
     """assemble -> validate -> encode into `sink`, checking the values as they stream past. Returns
-    the raw bytes packed, or a failure reason (the caller then drops what reached the sink)."""
+    the raw bytes packed, or a failure reason (the caller then drops what reached the sink).
+    error: [2, slots], fp8's squared error and squared norm per slot, added to."""
     n, slots, hidden = task.n, task.slots, task.hidden
     ids, pieces = assemble(task.pieces, n, slots, hidden)
     bad = validate(ids, task.input_ids, slots, task.n_slots)
     if bad:
         return bad
-    mask = task.loss_mask
-    shape = (ids.shape[0], slots, hidden)
-    rec = RecordWriter(
-        codec,
-        sink,
-        task.meta,
-        {
-            "input_ids": ("int32", ids.shape, "none"),
-            "loss_mask": ("uint8", mask.shape, "none"),
-            "hidden": ("bfloat16", shape, "byteplane"),
-        },
-    )
+    mask, shape = task.loss_mask, (ids.shape[0], slots, hidden)
+    specs = {"input_ids": ("int32", ids.shape, "none"), "loss_mask": ("uint8", mask.shape, "none")}
+    rec = RecordWriter(codec, sink, task.meta, {**specs, **hidden_specs(codec, shape)})
     rec.write(ids)
     rec.write(mask)
     check = PlaneCheck(slots)
+    if codec.kind == "fp8":
+        write_fp8(rec, pieces, shape, check, error if error is not None else np.zeros((2, slots)))
+    else:
+        write_planes(rec, pieces, shape, check)
+    rec.close()
+    return check.result() or int(ids.nbytes + mask.nbytes + 2 * np.prod(shape))
+
+
+def hidden_specs(codec: Codec, shape: tuple) -> dict:
+    if codec.kind == "fp8":
+        return {fp8.CODE: ("float8_e4m3fn", shape, "none"), fp8.SCALE: ("float32", shape[:2], "none")}
+    return {"hidden": ("bfloat16", shape, "byteplane")}
+
+
+def write_planes(rec: RecordWriter, pieces: list[Piece], shape: tuple, check: PlaneCheck) -> None:
+    """The lossless record's hidden states: the high plane through zstd, then the low plane raw."""
+    _, slots, hidden = shape
     for row, hi in planes(pieces, 0, slots, hidden):
         check.high(row, hi)
         rec.write(hi)
     for row, lo in planes(pieces, 1, slots, hidden):
         check.low(row, lo)
         rec.write_tail(lo)
-    rec.close()
-    return check.result() or int(ids.nbytes + mask.nbytes + 2 * np.prod(shape))
+
+
+def write_fp8(rec: RecordWriter, pieces: list[Piece], shape: tuple, check: PlaneCheck, error: np.ndarray) -> None:
+    """The fp8 record's hidden states: both planes of a block at once, quantized per token and slot;
+    the codes streamed, the scales after them."""
+    n, slots, hidden = shape
+    scales = np.empty((n, slots), np.float32)
+    pairs = zip(planes(pieces, 0, slots, hidden, 0), planes(pieces, 1, slots, hidden, 1))
+    for row, hi, lo in groups(((r, h, lo) for (r, h), (_, lo) in pairs), fp8.group_tokens(slots, hidden)):
+        check.high(row, hi)
+        check.low(row, lo)
+        exp, sm, s, err, norm = fp8.quantize(hi, lo, hidden)  # a block is a group: its exponents, then the rest
+        k = hi.shape[0]
+        scales[row : row + k] = s.reshape(k, slots)
+        error[0] += err.reshape(k, slots).sum(0)
+        error[1] += norm.reshape(k, slots).sum(0)
+        rec.write(exp)
+        rec.write(sm)
+    rec.write(scales)
+
+
+def groups(blocks, k: int):
+    """(row, hi, lo) blocks, which end where each piece ends, as blocks of exactly k tokens from row 0
+    (the last one shorter): the fp8 record's groups. At most two blocks held at a time."""
+    held, row = [], 0
+    for _, hi, lo in blocks:
+        if not held and hi.shape[0] == k:  # aligned already (every block of a one-piece sample but its last)
+            yield row, hi, lo
+            row += k
+            continue
+        held.append((hi.copy(), lo.copy()))  # planes() reuses its buffers
+        while sum(h.shape[0] for h, _ in held) >= k:
+            hi_all, lo_all = (np.concatenate(x) for x in zip(*held))
+            yield row, hi_all[:k], lo_all[:k]
+            row += k
+            held = [(hi_all[k:], lo_all[k:])] if hi_all.shape[0] > k else []
+    if held:
+        hi_all, lo_all = (np.concatenate(x) for x in zip(*held))
+        yield row, hi_all, lo_all
 
 
 def worker_main(inbox, outbox, codec: Codec, parent: int, sync: bool = True) -> None:
@@ -143,7 +192,8 @@ def worker_main(inbox, outbox, codec: Codec, parent: int, sync: bool = True) -> 
                 fd = open_owned(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 size = os.fstat(fd).st_size
             out = ShardAppender(fd)
-            res = pack(task, codec, out)
+            error = np.zeros((2, task.slots)) if codec.kind == "fp8" else None
+            res = pack(task, codec, out, error)
             if isinstance(res, str):
                 if out.length:  # refused after streaming: its bytes leave the shard again
                     os.ftruncate(fd, size)
@@ -151,7 +201,8 @@ def worker_main(inbox, outbox, codec: Codec, parent: int, sync: bool = True) -> 
                 continue
             if sync:
                 os.fdatasync(fd)
-            outbox.put(Packed(task.tid, os.path.basename(path), size, out.length, out.crc, res))
+            err = tuple(map(tuple, error.tolist())) if error is not None else None
+            outbox.put(Packed(task.tid, os.path.basename(path), size, out.length, out.crc, res, err))
             size += out.length
         except OSError as e:  # e.g. ENOSPC: the packer stops the run, resume redoes the sample
             size = os.fstat(fd).st_size if fd is not None else 0

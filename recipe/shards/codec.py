@@ -54,6 +54,7 @@ DTYPES = {
     "int32": np.int32,
     "int64": np.int64,
     "uint8": np.uint8,
+    "float8_e4m3fn": np.uint8,  # the fp8 codec's codes, one byte each (fp8.py)
 }
 ITEMSIZE = {name: np.dtype(t).itemsize for name, t in DTYPES.items()}
 
@@ -100,16 +101,23 @@ ENTROPY_ONLY = dict(
 )
 
 
+FP8_CODES = "hidden_fp8"  # fp8.CODE (fp8.py imports this module's split_planes)
+KINDS = ("lossless", "fp8")  # shards.codec: bf16 bytes as they are, or e4m3 with a scale per token and slot
+
+
 @dataclass
 class Codec:
     level: int = 3
     transform: str = "byteplane"  # for encode(): the packer always writes byte planes (docs/FORMAT.md)
     entropy_only: bool = False  # ENTROPY_ONLY parameters instead of `level`
     threads: int = 0  # zstd's own worker threads per frame; the packer parallelises across samples
+    kind: str = "lossless"  # or fp8: `hidden` stored as hidden_fp8 + hidden_scale (fp8.py)
 
     def __post_init__(self):
         if self.transform not in TRANSFORMS:
             raise ValueError(f"Codec.transform must be one of {TRANSFORMS}, got {self.transform!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Codec.kind must be one of {KINDS}, got {self.kind!r}")
 
     def compressor(self) -> zstd.ZstdCompressor:
         if self.entropy_only:
@@ -126,6 +134,8 @@ class Codec:
     def encode_to(self, sink, meta: dict, tensors: dict[str, tuple]) -> None:
         """Compress one sample straight into `sink` (anything with write()), whole arrays in hand
         (the packer streams its planes into a RecordWriter instead). tensors: name -> (dtype, array)."""
+        if self.kind == "fp8" and "hidden" in tensors:
+            tensors = fp8_tensors(tensors)
         specs, data = {}, []
         for name, (dtype, arr) in tensors.items():
             arr = np.ascontiguousarray(arr)
@@ -142,6 +152,20 @@ class Codec:
         if rec.tail_bytes:
             rec.write_tail(data[-1])
         rec.close()
+
+
+def fp8_tensors(tensors: dict) -> dict:
+    """`hidden` (bf16 [T, S, H]) as the fp8 codec stores it: grouped split codes and scales [T, S]."""
+    from . import fp8
+
+    out = dict(tensors)
+    dtype, arr = out.pop("hidden")
+    words = np.ascontiguousarray(arr).view(np.uint16)
+    hi, lo = split_planes(words)
+    exp, sm, scales, _, _ = fp8.quantize(hi, lo, words.shape[-1])
+    out[fp8.CODE] = ("float8_e4m3fn", fp8.grouped(exp, sm, words.shape).reshape(words.shape))
+    out[fp8.SCALE] = ("float32", scales.reshape(words.shape[:-1]))
+    return out
 
 
 def _writev(sink, bufs) -> None:
@@ -413,10 +437,34 @@ def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = N
                 n = math.prod(t["shape"])
                 arr, off = _join(body[off : off + n], _low_plane(frame, header, n), take(n, np.uint16)), off + n
                 arr = arr.view(DTYPES[t["dtype"]]).reshape(t["shape"])
+            elif t["name"] == FP8_CODES:  # read in place: dequantized below, while body is alive
+                arr, off = body[off : off + t["nbytes"]].reshape(t["shape"]), off + t["nbytes"]
             else:
                 arr, off = _tensor(body, off, t, take)
             out[t["name"]] = arr
+        _dequantized(out, take)
     return header["meta"], out
+
+
+def _dequantized(out: dict, take) -> None:
+    """An fp8 record's codes and scales -> `hidden`, bf16 words as a lossless record has them: every
+    reader gets bf16 without being told."""
+    from . import fp8
+
+    if fp8.CODE not in out:
+        return
+    codes, scales = out.pop(fp8.CODE), out.pop(fp8.SCALE, None)
+    if scales is None or codes.ndim != 3 or scales.shape != codes.shape[:2] or codes.shape[-1] % 2:
+        raise CorruptRecord(f"fp8 codes {list(codes.shape)} without their scales [T, S]")
+    out["hidden"] = fp8.dequantize_record(codes, scales, codes.shape, take(codes.size, np.uint16))
+
+
+def hidden_shape(header: dict) -> tuple | None:
+    """The shape of a record's `hidden` ([T, S, H]), lossless or fp8."""
+    from . import fp8
+
+    shapes = {t["name"]: tuple(t["shape"]) for t in header.get("tensors") or ()}
+    return shapes.get("hidden") or shapes.get(fp8.CODE)
 
 
 def check(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> dict:
@@ -429,7 +477,16 @@ def check(frame, expected_crc: int | None = None, recycler: Recycler | None = No
         tail = _tail_tensor(header)
         if tail is not None:
             _low_plane(frame, header, math.prod(tail["shape"]))
+    _check_fp8_shapes(header)
     return header
+
+
+def _check_fp8_shapes(header: dict) -> None:
+    from . import fp8
+
+    shapes = {t["name"]: list(t["shape"]) for t in header["tensors"]}
+    if fp8.CODE in shapes and (len(shapes[fp8.CODE]) != 3 or shapes.get(fp8.SCALE) != shapes[fp8.CODE][:2]):
+        raise CorruptRecord(f"fp8 codes {shapes[fp8.CODE]} without their scales [T, S]")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import NotAShardSet
-from .store import IDENTITY, MANIFEST, SHARD_DIR, ShardStore, atomic_write_json, read_manifest, summarize
+from .store import (
+    IDENTITY,
+    MANIFEST,
+    SHARD_DIR,
+    ShardStore,
+    atomic_write_json,
+    left_bytes,
+    read_manifest,
+    summarize,  # fmt: skip
+)
 
 
 def mend(root: Path, deep: bool = True) -> tuple[list[str], bool]:
@@ -18,7 +27,9 @@ def mend(root: Path, deep: bool = True) -> tuple[list[str], bool]:
     with ShardStore(root, None, deep_check=deep) as store:
         manifest = read_manifest(root)
         if manifest is not None:
-            atomic_write_json(root / MANIFEST, {**manifest, **summarize(store.records), "left": store.left_bytes()})
+            fixed = {**summarize(store.records), "left": left_bytes(root, store.left),
+                     "token_counts": store.counter.counts.summary()}  # fmt: skip
+            atomic_write_json(root / MANIFEST, {**manifest, **fixed})
         done = [f"{len(store.records)} samples indexed"]
         done += [f"re-indexed {sid} from its record ({why})" for sid, why in store.reindexed]
         if store.recovered:

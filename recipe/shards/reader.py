@@ -109,6 +109,11 @@ class ShardReader:
     def ids(self) -> list[str]:
         return [r["id"] for r in self.records]
 
+    @property
+    def codec(self) -> str:
+        """What the records hold: `lossless` bf16, or `fp8-e4m3` (read back as bf16 all the same)."""
+        return str((self.manifest.get("codec") or {}).get("name", "lossless"))
+
     def _map(self, shard: str, end: int) -> mmap.mmap | None:
         """The shard file mapped read-only, covering byte `end` if the file does (None if not)."""
         if self._pid != os.getpid():  # forked into a worker: its own mappings

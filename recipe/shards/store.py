@@ -23,7 +23,6 @@ import errno
 import fcntl
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +70,7 @@ class OutputLocked(UserError, RuntimeError):
 
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+NEXT_FIX = "it holds the next shard number only: delete it and the next run writes it again"
 
 
 def open_owned(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -320,6 +320,14 @@ class Repaired:
     recovered: list[str]
 
 
+def earlier_manifest(root: Path) -> dict | None:
+    """The manifest a run found (None where there is none, or it is damaged: the run rewrites it)."""
+    try:
+        return read_manifest(root)
+    except CorruptFile:
+        return None
+
+
 def committed_ends(root: Path) -> dict[str, int] | None:
     """Per shard, the bytes the manifest says were committed when it was written, or left as they
     are by a resume (None: no readable manifest): verify names a torn record inside them as damage,
@@ -390,6 +398,25 @@ def open_tails(root: Path, ends: dict[str, int], left: set[str], max_bytes: int)
     return out
 
 
+def other_key(root: Path, ids: list[str]) -> ProvenanceMismatch:
+    return ProvenanceMismatch(
+        f"{root}: sample {ids[0]} ({len(ids)} in all) is stored under another key than this run computes for "
+        "it: the set was made with other settings than identity.json records; use another output_dir"
+    )
+
+
+def left_bytes(root: Path, left: list) -> dict:
+    """{shard: {bytes, why}} for every shard left as it is, now (`left`) or by an earlier resume."""
+    try:
+        before = (read_manifest(root) or {}).get("left") or {}
+    except CorruptFile:
+        before = {}
+    kept = {k: v for k, v in before.items() if isinstance(v, dict) and (root / SHARD_DIR / k).exists()}
+    for name, why in left:
+        kept[name] = {"bytes": (root / SHARD_DIR / name).stat().st_size, "why": why}
+    return kept
+
+
 class ShardStore:
     """Single writer of one output directory (an flock enforces it): hands out shard files to the
     writers (packer workers), records what they wrote, and commits it durably to the index."""
@@ -410,6 +437,7 @@ class ShardStore:
         try:
             if identity is not None:  # None: `repair`, which keeps the set's own
                 check_identity(self.root, identity)
+            self.earlier_manifest = earlier_manifest(self.root)  # what a run adds its figures to
             self.next_number()
             fixed = repair_on_open(self.root, deep_check)
         except BaseException:
@@ -424,14 +452,10 @@ class ShardStore:
         self.records = fixed.records
         self.lost, self.left, self.repaired = self.lost + fixed.lost, self.left + fixed.left, self.repaired + fixed.cuts
         self.reindexed, self.recovered = self.reindexed + fixed.reindexed, self.recovered + fixed.recovered
-        self.keys = {r["key"] for r in self.records}
-        self.ids = {r["id"] for r in self.records}
-        self._tokens: dict = {}  # key -> (ids, loss mask) of samples added, until the counts take them
-        self.counts = tokencounts.load(self.root, self.records)  # exactly the samples the index lists
-        self._counted_at = time.monotonic()
+        self.keys, self.ids = {r["key"] for r in self.records}, {r["id"] for r in self.records}
+        self.counter = tokencounts.Keeper(self.root, self.records)  # exactly the samples the index lists
         self._reusable = open_tails(self.root, fixed.ends, {n for n, _ in self.left}, self.max_shard_bytes)
-        # no buffer that could replay a failed append
-        self._index = owned_file(self.root / INDEX, "ab", buffering=0)
+        self._index = owned_file(self.root / INDEX, "ab", buffering=0)  # no buffer that could replay a failed append
 
     def settle(self, samples) -> None:
         """Samples this run would store whose id the index already holds under another key: the lines
@@ -445,15 +469,10 @@ class ShardStore:
         self._opened(repair_on_open(self.root, False, shards))
         still = sorted(i for i, k in clash.items() if i in self.ids and k not in self.keys)
         if still:
-            raise ProvenanceMismatch(
-                f"{self.root}: sample {still[0]} ({len(still)} in all) is stored under another key than this "
-                "run computes for it: the set was made with other settings than identity.json records; "
-                "use another output_dir"
-            )
+            raise other_key(self.root, still)
 
     def take_shard(self) -> tuple[Path, int]:
-        """A shard for one writer to append to, and its size: an open tail of this set first, each
-        handed out once (no two writers ever share a file), then a new one."""
+        """(shard, size) for one writer: an open tail of this set, each handed out once, then a new one."""
         return self._reusable.pop(0) if self._reusable else (self.new_shard_path(), 0)
 
     def new_shard_path(self) -> Path:
@@ -467,8 +486,7 @@ class ShardStore:
     def next_number(self) -> int:
         """shards/NEXT, read (at open too: a damaged one is refused before any work, not mid-run)."""
         nxt = self.root / SHARD_DIR / "NEXT"
-        fix = "it holds the next shard number only: delete it and the next run writes it again"
-        return read_owned(nxt, int, fix) if nxt.exists() else 0
+        return read_owned(nxt, int, NEXT_FIX) if nxt.exists() else 0
 
     def add(self, sample_id: str, key: str, shard: str, offset: int, length: int, crc32: int, tokens: int,
             raw_bytes: int, token_ids=None, **extra) -> None:  # fmt: skip
@@ -476,8 +494,7 @@ class ShardStore:
         token_ids: its (input ids, loss mask), which the token counts take once it is committed (else
         they read them back from the record)."""
         self._check_new(sample_id, key)
-        if token_ids is not None:
-            self._tokens[key] = token_ids
+        self.counter.add(key, token_ids)
         self._pending.append({"id": sample_id, "key": key, "shard": shard, "offset": offset, "length": length,
                               "tokens": tokens, "raw_bytes": raw_bytes, "crc32": crc32, **extra})  # fmt: skip
         self.keys.add(key)
@@ -518,37 +535,19 @@ class ShardStore:
             self._pending[:0] = batch  # still pending: a later commit (or the resume) retries them
             raise
         self.records.extend(batch)
-        tokencounts.catch_up(self.counts, self.root, self.records, self._tokens)
-        if time.monotonic() - self._counted_at > 60:  # bounds what a resume after kill -9 reads back
-            self.save_counts()
+        self.counter.committed(self.records, atomic_write)
         return batch
-
-    def save_counts(self) -> None:
-        """token_counts.npz, replaced whole, for exactly the committed index (when it changed)."""
-        tokencounts.catch_up(self.counts, self.root, self.records, self._tokens)
-        tokencounts.save(self.root, self.counts, self.records, atomic_write)
-        self._counted_at = time.monotonic()
 
     def write_manifest(self, fields: dict) -> dict:
         """The manifest, with a copy of the identity (what a resume checks if identity.json is lost)
         and the shards whose bytes past their last record were left as they are (`left`: never
         taken for an uncommitted append later, and named by verify as left)."""
-        self.save_counts()
+        self.counter.save(self.records, atomic_write)
         manifest = {**self.provenance, **fields, **summarize(self.records), "identity": self.identity,
-                    "left": self.left_bytes(), "token_counts": self.counts.summary()}  # fmt: skip
+                    "left": left_bytes(self.root, self.left),
+                    "token_counts": self.counter.counts.summary()}  # fmt: skip
         atomic_write_json(self.root / MANIFEST, manifest)
         return manifest
-
-    def left_bytes(self) -> dict:
-        """{shard: {bytes, why}} for every shard left as it is, now or by an earlier resume."""
-        try:
-            before = (read_manifest(self.root) or {}).get("left") or {}
-        except CorruptFile:
-            before = {}
-        left = {k: v for k, v in before.items() if isinstance(v, dict) and (self.root / SHARD_DIR / k).exists()}
-        for name, why in self.left:
-            left[name] = {"bytes": (self.root / SHARD_DIR / name).stat().st_size, "why": why}
-        return left
 
     def __enter__(self) -> "ShardStore":
         return self
@@ -561,7 +560,7 @@ class ShardStore:
             return
         try:
             self.commit()
-            self.save_counts()
+            self.counter.save(self.records, atomic_write)
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
             self._pending = []
         self._index.close()

@@ -196,3 +196,29 @@ def compose(parts: list[Counts], records: list) -> Counts:
     if out.lines != len(records):
         raise ValueError(f"counts of {out.lines} samples for an index of {len(records)}")
     return out
+
+
+class Keeper:
+    """The counts a writing store keeps: each added sample's tokens, taken in once the index holds it,
+    and the file, saved at most every `every_s` while committing (bounding what a resume after a kill
+    reads back) and whenever the store asks (its manifest, its close)."""
+
+    def __init__(self, root: Path, records: list, every_s: float = 60.0):
+        self.root, self.every_s = Path(root), every_s
+        self.counts = load(self.root, records)
+        self.tokens: dict = {}  # key -> (ids, loss mask) of samples added and not yet counted
+        self.saved_at = time.monotonic()
+
+    def add(self, key: str, tokens) -> None:
+        if tokens is not None:
+            self.tokens[key] = tokens
+
+    def committed(self, records: list, write) -> None:
+        catch_up(self.counts, self.root, records, self.tokens)
+        if time.monotonic() - self.saved_at > self.every_s:
+            self.save(records, write)
+
+    def save(self, records: list, write) -> None:
+        catch_up(self.counts, self.root, records, self.tokens)
+        save(self.root, self.counts, records, write)
+        self.saved_at = time.monotonic()

@@ -18,7 +18,7 @@ from .. import units
 from ..errors import CorruptFile
 from ..procs import in_order
 from . import coverage
-from .codec import CorruptRecord, Recycler, check
+from .codec import CorruptRecord, Recycler, check, hidden_shape
 from .reader import ShardReader, check_record, manifest_needs
 from .repair import record_ends
 from .store import SHARD_DIR, read_identity
@@ -130,7 +130,7 @@ def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None)
         except (CorruptRecord, OSError) as e:
             problems.append(f"{where}: {e}")
             continue
-        h = shapes.get("hidden")
+        h = hidden_shape(header)
         if h != (rec["tokens"], slots, hidden):
             problems.append(f"{where}: hidden shape {h}, expected {(rec['tokens'], slots, hidden)}")
         elif shapes["input_ids"][0] != rec["tokens"] or shapes["loss_mask"][0] != rec["tokens"]:
