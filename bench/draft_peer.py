@@ -1,18 +1,18 @@
 """A draft from SpecForge's own extraction beside drafts from the recipe's shards: the same conversations,
 target and training schedule, served the same way. Does either set train a draft that SGLang accepts as
-often? Run after `bench/draft.py all`, in its work folder, on the same machine:
+often? Run after `bench/draft all`, in its work folder, on the same machine:
 
     python bench/draft_peer.py --work /tmp/draft --out draft-peer.json    # bash tests/gpu/device.sh draft-peer
 
 Steps:
   extract  SpecForge 0.2.0's scripts/prepare_hidden_states.py as its docs run it (torchrun, one process,
-           batch 32, its in-process SGLang 0.5.14 staged by tests/gpu/stage-peer.sh) on draft.py's training
-           conversations (as its `conversations`; each has draft.py's system turn, so its llama3 template
+           batch 32, its in-process SGLang 0.5.14 staged by tests/gpu/stage-peer.sh) on bench/draft's training
+           conversations (as its `conversations`; each has bench/draft's system turn, so its llama3 template
            adds no system prompt of its own), at the draft config's layers. Its files are checked
            against our shards on the first --check conversations (bench/peers.py's same-data check:
            token ids, loss masks, and each state's distance)
   train    SpecForge trains drafts from its files (its own reader) with seeds 0..K-1 and from our shards
-           with seeds 1..K-1 (--seeds K; seed 0 is draft.py's real draft), all at once, on draft.py's
+           with seeds 1..K-1 (--seeds K; seed 0 is bench/draft's real draft), all at once, on bench/draft's
            schedule. A seed sets the draft's initialisation and the order the sampler draws samples in
   serve    every draft in an SGLang EAGLE3 server: acceptance length at batch 16 on the held-out prompts
 Verdict: the two sets train drafts that accept alike (within noise) when the difference of their mean
@@ -43,12 +43,12 @@ SETS = {"ours": "real", "specforge": "specforge_set"}  # each set's arm at seed 
 
 
 def seed_arms(seeds: int) -> dict[str, list[str]]:
-    """Each set's arms, seed 0 first; ours at seed 0 is draft.py's real draft, trained already."""
+    """Each set's arms, seed 0 first; ours at seed 0 is bench/draft's real draft, trained already."""
     return {k: [arm] + [f"{arm}_seed{s}" for s in range(1, seeds)] for k, arm in SETS.items()}
 
 
 def write_specforge_data(work: Path) -> Path:
-    """draft.py's training conversations as SpecForge reads them: {"conversations": [system, user,
+    """bench/draft's training conversations as SpecForge reads them: {"conversations": [system, user,
     assistant]}."""
     out = work / "data" / "train-specforge.jsonl"
     with open(work / "data" / "train.jsonl") as f, open(out, "w") as fo:
@@ -78,7 +78,7 @@ def specforge_extract(work: Path, data: Path, script: str, peer_site: str) -> di
 
 
 def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int, seeds: int) -> dict:
-    """Every arm but draft.py's real one, at once, each exported for SGLang as it finishes
+    """Every arm but bench/draft's real one, at once, each exported for SGLang as it finishes
     (draft.launch_arm / finish_arm)."""
     draft_cfg, sets = work / "drafts" / "draft.json", seed_arms(seeds)
     arms_plans = {}
@@ -148,13 +148,13 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-site", default="/tmp/peer", help="SGLang 0.5.14 and its pins (tests/gpu/stage-peer.sh)")
     ap.add_argument("--specforge-script", default=".gpu-wheels/p2/prepare_hidden_states.py")
     ap.add_argument("--check", type=int, default=64, help="conversations whose SpecForge files are checked")
-    ap.add_argument("--seeds", type=int, default=3, help="drafts per set (ours at seed 0 is draft.py's)")
+    ap.add_argument("--seeds", type=int, default=3, help="drafts per set (ours at seed 0 is bench/draft's)")
     a = ap.parse_args(argv)
     if a.seeds < 2:
         ap.error("--seeds: at least 2 drafts per set, or there is no spread to measure the noise by")
-    res = json.loads((a.work / "results.json").read_text())  # draft.py's: its plan and its layer ids
+    res = json.loads((a.work / "results.json").read_text())  # bench/draft's: its plan and its layer ids
     if not (a.work / "serve" / "real" / "config.json").exists():
-        raise SystemExit(f"no served real draft in {a.work}: run bench/draft.py all there first")
+        raise SystemExit(f"no served real draft in {a.work}: run bench/draft all there first")
     t0 = time.monotonic()
     for d in ("sf-export", "shards/off_by_one"):  # the disk holds our shards and SpecForge's files, not more
         shutil.rmtree(a.work / d, ignore_errors=True)

@@ -108,15 +108,15 @@ MUTATIONS = {
         ["tests/test_export.py::test_an_export_worker_runs_one_torch_thread"],
     ),
     "draft_training_argv_through_argparse": (
-        "bench/draft.py",
+        "bench/draft/scenario.py",
         'if argv[:1] == ["_sftrain"]:',
         'if argv[:1] == ["_sftrain"] and "--to" not in argv:',
         ["tests/test_draft_bench.py"],
     ),
     "draft_captures_the_default_depths_layers": (
-        "bench/draft.py",
+        "bench/draft/extract.py",
         'layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])',
-        'layers = eagle3_layers(TARGET["num_hidden_layers"])',
+        "layers = eagle3_layers(16)",
         ["tests/test_draft_bench.py"],
     ),
     "server_wait_note_without_its_log_line": (

@@ -1,4 +1,4 @@
-"""The draft scenario (bench/draft.py) in a CPU form, so CI guards the shards' purpose: a tiny target,
+"""The draft scenario (bench/draft) in a CPU form, so CI guards the shards' purpose: a tiny target,
 its HF-backend shards at the EAGLE-3 default layers and one layer off, speculators' own Eagle3 draft
 trained on each for a few hundred steps, then top-1 agreement with the target on held-out positions.
 
@@ -24,7 +24,7 @@ import torch
 from conftest import ROOT, compose
 from test_export import trainer
 
-if not (ROOT / "bench" / "draft.py").exists():  # inside the image (compose's test profile): no benches there
+if not (ROOT / "bench" / "draft").is_dir():  # inside the image (compose's test profile): no benches there
     pytest.skip("bench/ is not in the image", allow_module_level=True)
 sys.path.insert(0, str(ROOT / "bench"))
 import draft  # noqa: E402

@@ -1,4 +1,4 @@
-"""bench/draft_peer.py's inputs, on the CPU: the conversations it hands SpecForge (each with draft.py's
+"""bench/draft_peer.py's inputs, on the CPU: the conversations it hands SpecForge (each with bench/draft's
 system turn) come back through SpecForge's own preprocessing as our shards' token ids and loss masks, and
 its check of SpecForge's files against our shards sees a changed id or mask bit."""
 
@@ -27,7 +27,7 @@ TINY = dict(draft.TARGET, hidden_size=32, intermediate_size=64, num_attention_he
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """A draft.py work folder: a tiny target, its training conversations, our shards of them."""
+    """A bench/draft work folder: a tiny target, its training conversations, our shards of them."""
     work = tmp_path_factory.mktemp("draft-peer")
     tok = make_tokenizer("llama3")
     draft.save_target(draft.target_model(draft.Chat(tok), 0, TINY), tok, work / "target")
@@ -113,7 +113,7 @@ def test_the_verdict_weighs_the_difference_of_the_sets_against_the_spread_of_the
 
 
 def test_the_control_sizes_read_from_a_real_shard_set(work):
-    """draft.py's measure of each control's error in the data (run on the GPU beside training), on the
+    """bench/draft's measure of each control's error in the data (run on the GPU beside training), on the
     fixture's shards: the slots by their layers, every stored position counted."""
     from recipe.shards import ShardReader
 
@@ -126,7 +126,7 @@ def test_the_control_sizes_read_from_a_real_shard_set(work):
 
 def test_each_set_trains_its_seeds_from_its_own_files(tmp_path, monkeypatch):
     """SpecForge's files at seeds 0..K-1 (its file count as the schedule's samples), our shards at seeds
-    1..K-1 (seed 0 is draft.py's real draft): a seed or a set crossed over would void the verdict."""
+    1..K-1 (seed 0 is bench/draft's real draft): a seed or a set crossed over would void the verdict."""
     launched = {}
 
     def launch(work, arm, features, draft_cfg, layer_ids, plan, serve):
