@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, unpack_models
 
 from recipe.capture import architectures
-from recipe.capture.architectures import UnsupportedArchitecture, refuse_undumped
+from recipe.capture.architectures import UnsupportedArchitecture, architecture, refuse_undumped
 
 DRAFTS = ("Eagle", "NextN", "MTP", "Assistant")  # SGLang's names for speculative draft heads: never a target
 FOREIGN = {"MindSporeForCausalLM"}  # serves MindSpore's own models on Ascend NPUs
@@ -75,6 +75,15 @@ def test_a_dumped_but_unproven_architecture_runs_with_a_warning(tmp_path, caplog
     assert not caplog.records
     assert refuse_undumped(model_dir(tmp_path, {"architectures": ["GptOssForCausalLM"]})) == "GptOssForCausalLM"
     assert "not been compared with HF" in caplog.text
+
+
+def test_every_proven_class_is_one_the_seam_dumps_and_a_builtin_model_names():
+    """PROVEN names what the families scenario compared with HF: its own built-in checkpoints."""
+    from recipe.models import BUILTIN, materialize
+
+    assert architectures.PROVEN <= architectures.DUMPED
+    built = {architecture(materialize(name)) for name in BUILTIN}
+    assert architectures.PROVEN <= built
 
 
 def test_the_recipe_refuses_it_before_tokenizing_or_writing(tmp_path):

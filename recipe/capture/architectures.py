@@ -68,9 +68,24 @@ DUMPED = frozenset(
         "TeleFLMForCausalLM",
     }
 )
-# Classes whose dumps through the one seam were compared with HF layer by layer on a GPU (none yet:
-# the per-model patch that preceded it was, for Llama, DeepSeek-V3 and Kimi-K2.5, docs/gpu.md).
-PROVEN: frozenset[str] = frozenset()
+# Classes whose dumps through the one seam were compared with HF layer by layer on a GPU: the families
+# scenario (tests/gpu/families.py) on one H200, docs/gpu-results/2026-12-05-families.
+PROVEN: frozenset[str] = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Glm4MoeForCausalLM",
+        "GptOssForCausalLM",
+        "KimiK25ForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "LlamaForCausalLM",
+        "MiniMaxM2ForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3NextForCausalLM",
+    }
+)
 
 
 class UnsupportedArchitecture(UserError, ValueError):

@@ -40,7 +40,8 @@ FAMILIES = (llama, qwen3, deepseek_v3, kimi_k25, qwen2, gpt_oss, glm4_moe, minim
             mistral)  # fmt: skip
 BUILTIN = {name: (family, variant) for family in FAMILIES for name, variant in family.MODELS.items()}
 VOCAB = common.vocab_size(llama.SPECIALS)  # the default tokenizer's (tiny-llama, tiny-deepseek-v3)
-CACHE_VERSION = "v4"  # v2: norm weights != 1; v3: per-expert names; v4: one module per family, zero vectors drawn
+CACHE_VERSION = "v5"  # v2: norm weights != 1; v3: per-expert names; v4: one module per family, zero vectors drawn;
+# v5: one rope theta per checkpoint, Llama-4's real chunk
 
 
 def cache_dir() -> Path:

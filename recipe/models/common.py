@@ -68,6 +68,10 @@ def save(model, tok, dest: Path, real: dict | None = None) -> None:
         cfg = json.loads(path.read_text())
         inner = cfg.setdefault("text_config", {}) if "text_config" in cfg else cfg
         inner.update({k: v for k, v in real.items() if k not in inner or inner[k] is None})
+        # transformers 5 keeps rope values under rope_parameters, SGLang 0.5.16 reads the top-level
+        # keys: a checkpoint that says two thetas is served with one and checked against the other.
+        rope = inner.get("rope_parameters") or {}
+        rope.update({k: real[k] for k in ("rope_theta", "partial_rotary_factor") if k in real and k in rope})
         path.write_text(json.dumps(cfg, indent=2))
 
 

@@ -13,8 +13,9 @@ TEMPLATE = (
     "{{ m['content'] | trim }}<|eot|>{% endfor %}"
     "{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}"
 )
-# a chunk far below the real 8192 keeps SGLang's chunked-attention pool small on a tiny model
-REAL = {"rope_theta": 500000.0, "attention_chunk_size": 64}
+# The real chunk: SGLang's triton attention attends past it (only fa3 and trtllm chunk), so a shorter
+# one here would measure SGLang's attention, not the capture.
+REAL = {"rope_theta": 500000.0, "attention_chunk_size": 8192}
 MODELS = {"tiny-llama-4": {}}
 
 
@@ -28,7 +29,7 @@ def config(vocab: int, ids: dict):
     text = transformers.Llama4TextConfig(
         vocab_size=vocab, max_position_embeddings=8192, hidden_size=64, intermediate_size=64,
         intermediate_size_mlp=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1, attention_chunk_size=64,
+        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=1, attention_chunk_size=8192,
         no_rope_layer_interval=4, use_qk_norm=True, **ids,
     )  # fmt: skip
     vision = transformers.Llama4VisionConfig(

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -34,7 +35,14 @@ EXTRA = {  # what a family needs beyond the common flags (triton attention: the 
 
 
 SGLANG = ["backend=sglang", "client.self_check=4", "server.args.attention_backend=triton",
-          "server.args.mem_fraction_static=0.06", "server.args.chunked_prefill_size=256"]  # fmt: skip
+          "server.args.mem_fraction_static=0.12", "server.args.chunked_prefill_size=256"]  # fmt: skip
+# transformers' loader sets the process's default dtype while it builds a model: two loads at once in
+# threads give a model parameters of the other's dtype. Extractions run side by side, comparisons one
+# at a time.
+COMPARING = threading.Lock()
+# SGLang sizes its KV pool from free memory measured before and after its load: a neighbour starting
+# in between looks like its own weights. Such a start is tried once more.
+CROWDED = "leave no GPU memory for the KV cache"
 
 
 def extract(name: str, work: Path, port: int, backend: str) -> dict:
@@ -112,9 +120,13 @@ def plan_equal(name: str, r) -> bool:
 
 def family(name: str, port: int, a: argparse.Namespace) -> dict:
     res = extract(name, Path(a.work), port, a.backend)
+    if res["exit"] != 0 and CROWDED in res.get("log_tail", ""):
+        time.sleep(20)
+        res = extract(name, Path(a.work), port, a.backend) | {"retried": True}
     if res["exit"] == 0 and res["verify_exit"] == 0:
         try:
-            res.update(compare(name, Path(a.work), a.device))
+            with COMPARING:
+                res.update(compare(name, Path(a.work), a.device))
         except Exception as e:  # one family's failure is a finding; the others still report
             res["compare_error"] = repr(e)[-2000:]
     res["ok"] = bool(res["exit"] == 0 and res.get("nearest_ok") and res.get("within_bound") and res.get("plan_equal"))
@@ -122,6 +134,9 @@ def family(name: str, port: int, a: argparse.Namespace) -> dict:
 
 
 def main() -> int:
+    import transformers  # noqa: F401  (its lazy imports, resolved here, not raced by the threads)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
     from recipe.models import BUILTIN
 
     ap = argparse.ArgumentParser()
