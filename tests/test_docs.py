@@ -84,6 +84,9 @@ def check_gpu_command(cmd: str) -> None:
             assert words[3] in choices, cmd
         elif words[:2] == ["docker", "compose"]:
             check_compose(words[2:], cmd)
+        elif words[:2] == ["bash", "tests/gpu/device.sh"]:
+            modes = re.findall(r"^  ([a-z-]+)\)", (ROOT / words[1]).read_text(), re.M)
+            assert words[2] in [*modes, "install"], cmd
         elif words[0] == "cp":
             assert (ROOT / words[1]).exists(), cmd
         else:
