@@ -65,6 +65,12 @@ MUTATIONS = {
         "return True",
         ["tests/test_sglang_backend.py::test_a_wrong_final_slot_refuses_the_run_naming_the_slot"],
     ),
+    "self_check_requests_sent_amid_the_rest": (
+        "recipe/backends/sglang.py",
+        "                if self.check:\n                    await self._probe_first(http, queue, packer, sem)\n",
+        "",
+        ["tests/test_sglang_backend.py::test_the_self_checks_requests_are_answered_before_the_others_go_out"],
+    ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",
         "{'before' if v.shifted > 0 else 'after'}",

@@ -186,6 +186,28 @@ def test_the_self_check_judges_the_first_samples_and_passes_a_right_final_slot(t
     assert len(judged) == 3, judged
 
 
+def test_the_self_checks_requests_are_answered_before_the_others_go_out(tmp_path, monkeypatch):
+    """SGLang decodes a request that asks for a token only when no prefill is pending: sent amid the
+    others, the self-check's came back last and kept finished requests in its running batch."""
+    from recipe import selfcheck
+    from recipe.backends import sglang as sg
+
+    events, payload, answered = [], sg.SGLangBackend.payload, selfcheck.SelfCheck.answered
+
+    def sent(s, rid, ask=False):
+        events.append("ask" if ask else "send")
+        return payload(s, rid, ask)
+
+    def got(self, sample, meta):
+        events.append("answered")
+        return answered(self, sample, meta)
+
+    monkeypatch.setattr(sg.SGLangBackend, "payload", staticmethod(sent))
+    monkeypatch.setattr(selfcheck.SelfCheck, "answered", got)
+    assert run(sg_cfg(tmp_path, "data.limit=8", "client.self_check=3"))["ok"] == 8
+    assert sorted(events[:6]) == ["answered"] * 3 + ["ask"] * 3 and events[6:] == ["send"] * 5
+
+
 @pytest.mark.parametrize(
     "mode, why",
     [("prenorm_final", "not the post-norm final state lm_head reads"),

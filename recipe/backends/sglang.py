@@ -379,6 +379,8 @@ class SGLangBackend:
             helpers = [asyncio.create_task(self.keeper.watchdog(http))] if self.opts.launch else []
             helpers += [asyncio.create_task(self._watch(packer))] if self.check else []
             try:
+                if self.check:
+                    await self._probe_first(http, queue, packer, sem)
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
                 if self.check and self.check_failed is None:
                     self.check_failed = await judge_the_rest(self.check, packer)
@@ -387,6 +389,24 @@ class SGLangBackend:
                     t.cancel()
         if self.check_failed is not None:
             raise self.check_failed
+
+    async def _probe_first(self, http, queue: deque, packer, sem) -> None:
+        """The self-check's requests go out first, alone, and are answered before the rest. Each asks
+        for one generated token, and SGLang decodes only when no prefill is pending: sent amid the
+        others, they came back last (GPT-OSS-20B, one H200), and the batch that held them kept every
+        finished prefill-only request in its running batch until then (192 against plain's 8)."""
+        probes, others = [], []
+        while queue and len(probes) < self.check.samples:
+            s = queue.popleft()
+            (probes if len(s.input_ids) >= 2 else others).append(s)
+        queue.extendleft(reversed(others))
+
+        async def one(s):
+            async with sem:
+                await self._wait_budget()
+                await self._one(http, s, packer)
+
+        await asyncio.gather(*(one(s) for s in probes))
 
     async def _watch(self, packer) -> None:
         self.check_failed = await judge_as_stored(self.check, packer.store)
