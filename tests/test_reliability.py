@@ -20,7 +20,7 @@ from recipe.preflight import PreflightError
 from recipe.shards import ShardReader
 from recipe.shards.verify import verify
 
-SEEDS = 20
+SEEDS = 12
 ARGS = ["data.limit=24", "backend.batch_size=1", "shards.commit_every=2", "log_every_s=1000"]
 
 
@@ -102,7 +102,7 @@ def test_kill_9_at_random_points_then_resume(tmp_path, full_run_s):
         p = start(tmp, out)  # resume: the same command
         assert p.wait(timeout=300) == 0, p.stdout.read()[-2000:]
         exactly_once(out, ids)
-    assert partial >= 5, f"only {partial} kills landed after a commit: the test would prove little"
+    assert partial >= SEEDS // 3, f"only {partial} kills landed after a commit: the test would prove little"
 
 
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT])

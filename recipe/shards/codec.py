@@ -308,21 +308,25 @@ def _header(body: np.ndarray) -> tuple[dict, int]:
     return header, 4 + hlen
 
 
+def _stream_header(r) -> np.ndarray:
+    """A record's header bytes (its length, then the header) from a stream at the record's start."""
+    head = np.empty(4, np.uint8)
+    _read_into(r, memoryview(head))
+    size = int(head.view("<u4")[0])
+    if size > 1 << 24:
+        raise CorruptRecord(f"a record header of {size} bytes")
+    rest = np.empty(size, np.uint8)
+    _read_into(r, memoryview(rest))
+    return np.concatenate([head, rest])
+
+
 def record_header(frame) -> dict:
     """A record's header (its meta: id, key, ...; its tensors), decoding only the header's bytes of
     frame A: what a resume checks of every shard cheaply. Raises CorruptRecord."""
     if bytes(frame[:4]) != ZSTD_MAGIC:
         raise CorruptRecord("no record starts here (not a zstd frame)")
     try:
-        r = _decompressor().stream_reader(frame)
-        head = np.empty(4, np.uint8)
-        _read_into(r, memoryview(head))
-        size = int(head.view("<u4")[0])
-        if size > 1 << 24:
-            raise CorruptRecord(f"a record header of {size} bytes")
-        rest = np.empty(size, np.uint8)
-        _read_into(r, memoryview(rest))
-        return _header(np.concatenate([head, rest]))[0]
+        return _header(_stream_header(_decompressor().stream_reader(frame)))[0]
     except (zstd.ZstdError, ValueError, EOFError) as e:
         raise CorruptRecord(f"cannot read a record header: {e}") from e
 
@@ -336,14 +340,7 @@ def record_tokens(source) -> tuple[np.ndarray, np.ndarray]:
     or a file positioned at its start (read as far as needed, not to the record's end)."""
     try:
         r = _decompressor().stream_reader(source, read_across_frames=False, closefd=False)
-        head = np.empty(4, np.uint8)
-        _read_into(r, memoryview(head))
-        size = int(head.view("<u4")[0])
-        if size > 1 << 24:
-            raise CorruptRecord(f"a record header of {size} bytes")
-        rest = np.empty(size, np.uint8)
-        _read_into(r, memoryview(rest))
-        header, _ = _header(np.concatenate([head, rest]))
+        header, _ = _header(_stream_header(r))
         tensors = header["tensors"][:2]
         if [t["name"] for t in tensors] != list(TOKENS) or any(t["transform"] != "none" for t in tensors):
             raise CorruptRecord(f"record does not start with {TOKENS}")
