@@ -595,7 +595,7 @@ MUTATIONS = {
     ),
     "damaged_next_trusted": (
         "recipe/shards/store.py",
-        "return read_owned(nxt, int, fix) if nxt.exists() else 0",
+        "return read_owned(nxt, int, NEXT_FIX) if nxt.exists() else 0",
         "return int(nxt.read_text()) if nxt.exists() else 0",
         ["tests/test_integrity.py::test_a_damaged_file_the_recipe_owns_is_one_line_naming_the_file_and_the_fix"],
     ),
