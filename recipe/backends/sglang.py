@@ -371,10 +371,7 @@ class SGLangBackend:
 
             async def worker():
                 while queue and not stop():
-                    s = queue.popleft()
-                    async with sem:
-                        await self._wait_budget()
-                        await self._one(http, s, packer)
+                    await self._send(http, queue.popleft(), packer, sem)
 
             helpers = [asyncio.create_task(self.keeper.watchdog(http))] if self.opts.launch else []
             helpers += [asyncio.create_task(self._watch(packer))] if self.check else []
@@ -400,13 +397,13 @@ class SGLangBackend:
             s = queue.popleft()
             (probes if len(s.input_ids) >= 2 else others).append(s)
         queue.extendleft(reversed(others))
+        await asyncio.gather(*(self._send(http, s, packer, sem) for s in probes))
 
-        async def one(s):
-            async with sem:
-                await self._wait_budget()
-                await self._one(http, s, packer)
-
-        await asyncio.gather(*(one(s) for s in probes))
+    async def _send(self, http, s, packer, sem) -> None:
+        """One sample's request, within the client's concurrency and the dump budget."""
+        async with sem:
+            await self._wait_budget()
+            await self._one(http, s, packer)
 
     async def _watch(self, packer) -> None:
         self.check_failed = await judge_as_stored(self.check, packer.store)
