@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import logging
 import lzma
@@ -21,11 +22,14 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
+from . import sources
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -115,26 +119,28 @@ def open_text_lines(path: Path):
     if path.suffix == ".xz":
         return lzma.open(path, "rb")
     if path.suffix == ".zst":
-        import io
-
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return io.BufferedReader(sources.ZstdWhole(path))
     return open(path, "rb")
+
+
+CUT = (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError)  # a compressed file cut short
 
 
 def json_array(path: Path) -> list | None:
     """The records of a file that holds one JSON array (`[{...}, {...}]`), else None: read as JSON
     lines, each line a record or a counted failure (a JSONL file whose first line is an array, or an
     array cut short or with a trailing comma, is then counted line by line, never read as empty)."""
-    with open_text_lines(path) as f:
-        head = f.peek(64)[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
-        if not head.startswith(b"["):
-            return None
-        try:
-            text = f.read().decode("utf-8").lstrip("\ufeff")
-        except UnicodeDecodeError:
-            return None
+    try:
+        with open_text_lines(path) as f:
+            head = f.peek(1 << 16)[: 1 << 16].lstrip(b"\xef\xbb\xbf \t\r\n")
+            if not head.startswith(b"["):
+                return None
+            try:
+                text = f.read().decode("utf-8").lstrip("\ufeff")
+            except UnicodeDecodeError:
+                return None
+    except CUT as e:
+        raise sources.cut_short(path, e, 0) from None
     try:
         data = json.loads(text)
     except RecursionError:
@@ -173,40 +179,49 @@ def open_array(text: str) -> list | None:
             return out + [BadRecord("invalid_json", f"the array is cut short after {len(out)} records")]
 
 
-def iter_records(path: Path, name: str | None = None):
-    """Yields (where, record-or-BadRecord). Never raises for a bad line: the plan counts it.
-    `name`: how `where` names the source (the path's name by default)."""
+def iter_records(path: Path, name: str | None = None, split: str = "train"):
+    """Yields (where, record-or-BadRecord). Never raises for a bad line: the plan counts it; a file
+    that cannot be read on (cut short) is one line. `name`: how `where` names the source (the path's
+    name by default); `split`: a saved DatasetDict's split."""
     name = name or path.name
-    if path.is_dir():  # a local HF dataset (datasets.save_to_disk)
-        try:
-            import datasets
-        except ImportError:
-            raise DataError(f"{path} is a directory: reading a local HF dataset needs `pip install datasets`") from None
-        ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
-        for i, row in enumerate(ds):
-            yield f"{name}:{i}", row
+    if path.is_dir():
+        if sources.is_hf_dataset(path):
+            yield from sources.hf_rows(path, name, split)
+            return
+        for f in sources.folder_files(path):  # a folder of files, read in name order
+            yield from iter_records(f, f"{name}/{f.name}", split)
+        return
+    if path.suffix == ".parquet":
+        yield from sources.parquet_rows(path, name)
         return
     records = json_array(path)
     if records is not None:
         for n, rec in enumerate(records, 1):
             yield f"{name}[{n - 1}]", rec
         return
-    with open_text_lines(path) as f:
-        for n, raw in enumerate(f, 1):
-            where = f"{name}:{n}"
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8").lstrip("\ufeff")  # a BOM: first line, or files concatenated
-            except UnicodeDecodeError as e:
-                yield where, BadRecord("invalid_utf8", str(e))
-                continue
-            try:
-                yield where, json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as e:  # deep nesting is not JSON we can use
-                yield where, BadRecord("invalid_json", f"{type(e).__name__}: {str(e)[:200]}")
+    yield from json_lines(path, name)
+
+
+def json_lines(path: Path, name: str):
+    """A JSONL file's records, a line each; a compressed file cut short is one line naming it."""
+    n = 0
+    try:
+        with open_text_lines(path) as f:
+            for n, raw in enumerate(f, 1):
+                where = f"{name}:{n}"
+                if not raw.strip():
+                    continue
+                try:
+                    text = raw.decode("utf-8").lstrip("\ufeff")  # a BOM: first line, or files concatenated
+                except UnicodeDecodeError as e:
+                    yield where, BadRecord("invalid_utf8", str(e))
+                    continue
+                try:
+                    yield where, json.loads(text)
+                except (json.JSONDecodeError, RecursionError) as e:  # deep nesting is not JSON we can use
+                    yield where, BadRecord("invalid_json", f"{type(e).__name__}: {str(e)[:200]}")
+    except CUT as e:
+        raise sources.cut_short(path, e, n) from None
 
 
 def to_messages(rec) -> list[dict]:
@@ -265,8 +280,12 @@ def openai_message(m) -> dict:
     if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
         raise BadRecord("bad_field_type", "tool_calls is not a list of objects")
     content = m.get("content")
-    if content is None and calls:
+    if content is None and not calls:  # never read as "": an answer would be trained without its question
+        raise BadRecord("null_content", f"a {m['role']} message's content is null and it has no tool_calls")
+    if content is None:
         content = ""
+    if isinstance(content, list):
+        content = text_parts(content)
     if not isinstance(content, str):
         raise BadRecord("bad_field_type", "each message needs string 'role' and 'content'")
     if m["role"].lower() not in ROLES:
@@ -278,6 +297,21 @@ def openai_message(m) -> dict:
         if m.get(k):
             msg[k] = m[k]
     return msg
+
+
+def text_parts(parts: list) -> str:
+    """OpenAI's list form of `content` ([{"type": "text", "text": ...}, ...]) as the one string it
+    stands for; any other part (an image, audio) is refused by name: the text model never saw it."""
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise BadRecord("non_text_content", f"a content part of type {kind!r}")
+    return "".join(texts)
 
 
 def record_tools(rec) -> list | None:
@@ -420,7 +454,7 @@ def my_records(data_cfg, plan: Plan, log_every_s: float):
     for src in data_cfg.sources:
         path = spooled(resolve_source(src))
         plan.sources.append({"source": src, "path": str(path), "sha256": file_sha256(path)})
-        for where, rec in iter_records(path, Path(src).name):
+        for where, rec in iter_records(path, Path(src).name, data_cfg.split):
             if data_cfg.limit is not None and index >= data_cfg.limit:
                 return
             mine = index % data_cfg.num_shards == data_cfg.shard_index

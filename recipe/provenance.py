@@ -80,6 +80,7 @@ def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dic
             "overflow": cfg.data.overflow.value,
             "shard_index": cfg.data.shard_index,
             "num_shards": cfg.data.num_shards,
+            **({"split": cfg.data.split} if cfg.data.split != "train" else {}),  # only when set, as below
             # only when set: shard sets written before this field existed keep their identity
             **(
                 {"chat_template_kwargs": OmegaConf.to_container(cfg.data.chat_template_kwargs, resolve=True)}

@@ -107,6 +107,7 @@ class CaptureConfig:
 @dataclass
 class DataConfig:
     sources: List[str] = MISSING
+    split: str = "train"  # the split read from a saved HF DatasetDict (the others are named in the log)
     max_length: int = 4096
     overflow: Overflow = Overflow.truncate
     limit: Optional[int] = None
@@ -264,6 +265,7 @@ def run_name(*, _root_) -> str:
     name = (
         f"{_root_.model.name}/{data_tag(d.sources)}/"
         f"layers-{'-'.join(str(i) for i in c.layers) or 'none'}{'+final' if c.final else ''}"
+        f"{'' if _root_.shards.codec == 'lossless' else '+' + str(_root_.shards.codec)}"  # another codec: its own
     )
     return name + (f"/part-{d.shard_index}-of-{d.num_shards}" if d.num_shards > 1 else "")
 

@@ -1027,12 +1027,162 @@ MUTATIONS = {
         "**{n: OmegaConf.to_object(cfg[n]) for n in cfg if n in nodes or n == 'data'}",
         ["tests/test_config.py::test_registry_hands_each_backend_only_its_config_nodes"],
     ),
+    # the commands around a run: export, repair, merge, the token counts (tests/test_edges.py)
+    "export_overwrite_sees_only_its_top_folder": (
+        "recipe/shards/aliasing.py",
+        "    for top, dirs, _ in os.walk(path):",
+        "    for top, dirs, _ in []:",
+        ["tests/test_edges.py::test_export_overwrite_never_deletes_a_set_nested_anywhere_under_out"],
+    ),
+    "export_into_another_sets_folder": (
+        "recipe/shards/export.py",
+        "    if inside is not None:",
+        "    if inside is not None and False:",
+        ["tests/test_edges.py::test_export_into_another_set_is_refused"],
+    ),
+    "export_stages_under_a_fixed_name": (
+        "recipe/shards/export.py",
+        '    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))',
+        '    stage = out.parent / f".{out.name}.export-partial"\n    shutil.rmtree(stage, ignore_errors=True)\n'
+        "    stage.mkdir()",
+        ["tests/test_edges.py::test_export_stages_in_a_folder_of_its_own_never_a_users"],
+    ),
+    "exports_share_their_lock": (
+        "recipe/shards/export.py",
+        "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)",
+        ["tests/test_edges.py::test_a_second_export_into_the_same_out_is_refused_while_one_runs"],
+    ),
+    "a_stray_shards_records_indexed": (
+        "recipe/shards/repair.py",
+        "why = foreign(w.m[at : at + w.found[at][0]], w.found[at][1]) if foreign else None",
+        "why = None",
+        ["tests/test_edges.py::test_a_stray_shard_of_another_set_is_never_indexed_or_served"],
+    ),
+    "a_stray_of_another_model_indexed": (
+        "recipe/shards/belonging.py",
+        'if sample_key(fingerprint, capture, ids) != meta.get("key"):',
+        "if False:",
+        ["tests/test_edges.py::test_a_stray_shard_of_another_model_at_the_same_layers_is_never_indexed"],
+    ),
+    "repair_cuts_through_a_hard_link": (
+        "recipe/shards/store.py",
+        "if os.fstat(fd).st_nlink > 1:",
+        "if os.fstat(fd).st_nlink > 2:",
+        ["tests/test_edges.py::test_repair_never_cuts_a_tail_a_hard_link_shares_with_a_live_set"],
+    ),
+    "merge_links_only_shard_named_files": (
+        "recipe/shards/merge.py",
+        'for name in sorted({r["shard"] for r in index}):',
+        'for name in sorted(f.name for f in (d / SHARD_DIR).glob("shard-*.bin")):',
+        ["tests/test_edges.py::test_merging_merged_sets_gives_a_whole_set"],
+    ),
+    "token_counts_totals_unchecked": (
+        "recipe/shards/tokencounts.py",
+        "    head = records[: counts.lines]\n",
+        "    return True\n    head = records[: counts.lines]\n",
+        ["tests/test_edges.py::test_counts_whose_totals_disagree_with_the_index_are_never_used"],
+    ),
+    "verify_trusts_the_token_counts": (
+        "recipe/shards/verify.py",
+        "counted = None if problems else tokencounts.problem(root, r.records)",
+        "counted = None",
+        ["tests/test_edges.py::test_edited_token_counts_are_caught_by_verify_and_rebuilt_by_repair"],
+    ),
+    "repair_keeps_edited_token_counts": (
+        "recipe/shards/mend.py",
+        "recounted = deep and recount(store)",
+        "recounted = False",
+        ["tests/test_edges.py::test_edited_token_counts_are_caught_by_verify_and_rebuilt_by_repair"],
+    ),
+    "token_ids_saved_as_uint16": (
+        "recipe/shards/tokencounts.py",
+        "loss_ids=ids.astype(np.int32)",
+        "loss_ids=ids.astype(np.uint16)",
+        ["tests/test_edges.py::test_token_ids_past_65535_round_trip_a_200k_vocabulary"],
+    ),
+    "a_cut_shard_hides_its_other_damage": (
+        "recipe/shards/verify.py",
+        '        if rec["id"] in lost:',
+        '        if any(x["id"] in lost for x in r.records if x["shard"] == rec["shard"]):',
+        ["tests/test_edges.py::test_a_shard_cut_short_does_not_hide_other_damage_in_it"],
+    ),
+    "repair_silent_on_a_damaged_unindexed_record": (
+        "recipe/shards/repair.py",
+        'damaged.append((str(rid), f"its record in {name} at {at} is damaged ({e})"))',
+        "pass",
+        ["tests/test_edges.py::test_with_the_index_lost_repair_names_the_damaged_record"],
+    ),
+    "verify_calls_a_damaged_unindexed_record_whole": (
+        "recipe/shards/coverage.py",
+        "broken = None if sid in ids or why is not None else _undecodable(m, pos, rec[0])",
+        "broken = None",
+        ["tests/test_edges.py::test_with_the_index_lost_repair_names_the_damaged_record"],
+    ),
+    "repair_leaves_the_manifests_ok_count": (
+        "recipe/shards/mend.py",
+        'fixed["counts"] = recounted_ok(manifest["counts"], len(store.records))',
+        "pass",
+        ["tests/test_edges.py::test_the_manifest_straight_after_a_repair_agrees_with_the_index"],
+    ),
+    # the inputs a user has (tests/test_inputs.py)
+    "null_content_read_as_empty": (
+        "recipe/data.py",
+        "    if content is None and not calls:  # never read",
+        "    if False:  # never read",
+        ["tests/test_inputs.py::test_null_content_without_tool_calls_is_refused_by_name_never_read_as_empty"],
+    ),
+    "a_cut_zst_read_as_a_shorter_file": (
+        "recipe/sources.py",
+        'raise EOFError("the file ends inside a zstd frame")',
+        "return 0",
+        ["tests/test_inputs.py::test_a_cut_compressed_input_is_one_line_naming_it"],
+    ),
+    "a_folder_read_out_of_name_order": (
+        "recipe/data.py",
+        "for f in sources.folder_files(path):",
+        "for f in reversed(sources.folder_files(path)):",
+        ["tests/test_inputs.py::test_a_folder_of_jsonl_files_is_read_in_name_order"],
+    ),
+    "the_first_split_read_whatever_is_named": (
+        "recipe/sources.py",
+        "        ds = ds[split]",
+        "        ds = ds[next(iter(ds))]",
+        ["tests/test_inputs.py::test_a_dataset_dict_reads_the_named_split_and_names_the_rest"],
+    ),
+    "text_parts_joined_with_a_space": (
+        "recipe/data.py",
+        'return "".join(texts)',
+        'return " ".join(texts)',
+        ["tests/test_inputs.py::test_content_as_a_list_of_text_parts_reads_as_its_text"],
+    ),
+    "tools_left_out_of_the_prompt": (
+        "recipe/data.py",
+        'kwargs = {**kwargs, "tools": tools} if tools else kwargs',
+        "kwargs = kwargs",
+        ["tests/test_inputs.py::test_tools_are_tokenized_as_the_template_renders_them"],
+    ),
+    "array_sniffed_in_the_first_64_bytes": (
+        "recipe/data.py",
+        "head = f.peek(1 << 16)[: 1 << 16].lstrip(",
+        "head = f.peek(64)[:64].lstrip(",
+        ["tests/test_inputs.py::test_a_json_array_after_whitespace_or_a_bom_is_read_as_an_array"],
+    ),
 }
 
 
 # What CI runs (`--fast`, about 3 minutes on 2 cores): the store's and the input's guarantees, each
 # mutation's tests in the fast group. The whole list runs by hand (about 30 minutes).
 FAST = (
+    "null_content_read_as_empty",
+    "a_cut_zst_read_as_a_shorter_file",
+    "export_overwrite_sees_only_its_top_folder",
+    "export_into_another_sets_folder",
+    "export_stages_under_a_fixed_name",
+    "a_stray_shards_records_indexed",
+    "repair_cuts_through_a_hard_link",
+    "merge_links_only_shard_named_files",
+    "repair_keeps_edited_token_counts",
     "cut_without_its_margin",
     "empty_assistant_turns_accepted",
     "duplicates_count_as_invalid",

@@ -157,6 +157,7 @@ def test_every_capture_layer_is_a_residual_stream_input_at_both_ends(backend, la
 # test below until it is placed here, so none can be left out of the identity by forgetting it.
 CHANGES_A_SAMPLE = {
     "data.max_length", "data.overflow", "data.shard_index", "data.num_shards", "data.chat_template_kwargs",
+    "data.split",
     "capture.layers", "capture.final", "capture.convention",
 }  # fmt: skip
 THROUGH_ITS_INPUTS = {  # in the identity through what they name: the files' hashes

@@ -229,6 +229,13 @@ def record(sid: str, n: int = 64) -> bytes:
     return Codec(entropy_only=True).encode({"id": sid}, {"hidden": ("bfloat16", h)})
 
 
+def key_of(n: int) -> str:
+    """The key IDENTITY's run stores for sample_record's token ids: a resume indexes only such records."""
+    from recipe.data import sample_key
+
+    return sample_key(IDENTITY["model_fingerprint"], IDENTITY["capture"], np.arange(n, dtype=np.int32))
+
+
 def sample_record(sid: str, key: str, n: int = 40) -> bytes:
     from recipe.shards.codec import Codec
 
@@ -241,10 +248,11 @@ def test_a_crash_between_append_and_commit_keeps_the_whole_record_and_cuts_the_t
     """kill -9 after appends the index never named: a whole record there is indexed from itself on
     reopen (nothing is redone that is already on disk); the torn one after it is cut, and only it."""
     store = AppendingStore(tmp_path / "out", IDENTITY)
-    a, b, c = sample_record("a", "ka"), sample_record("b", "kb", 500), sample_record("c", "kc", 300)
-    store.append("a", "ka", a, 40, 1)
+    ka, kb, kc = key_of(40), key_of(500), key_of(300)
+    a, b, c = sample_record("a", ka), sample_record("b", kb, 500), sample_record("c", kc, 300)
+    store.append("a", ka, a, 40, 1)
     store.commit()
-    store.append("b", "kb", b, 500, 1)
+    store.append("b", kb, b, 500, 1)
     store._shard.write(c[: len(c) // 2])
     store._shard.flush()  # the bytes reached the file, the index never named them: then kill -9
     shard = store._shard_path
@@ -252,7 +260,7 @@ def test_a_crash_between_append_and_commit_keeps_the_whole_record_and_cuts_the_t
     store._lock.close()  # the process is gone: its lock with it
     again = ShardStore(tmp_path / "out", IDENTITY)
     assert shard.stat().st_size == len(a) + len(b) and again.repaired == [(shard.name, len(c) // 2)]
-    assert [r["id"] for r in again.records] == ["a", "b"] and "kb" in again.keys and "kc" not in again.keys
+    assert [r["id"] for r in again.records] == ["a", "b"] and kb in again.keys and kc not in again.keys
     again.close()
 
 

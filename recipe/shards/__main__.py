@@ -11,16 +11,16 @@ rebuild-index DIR                 scan the shards without their index -> DIR/ind
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import mmap
 import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import zstandard
-
 from ..errors import NotAShardSet, UserError, disk_full
-from .codec import crc32, decode, tail_frame_follows
+from . import framing
+from .codec import CorruptRecord
 from .reader import ShardReader
 from .store import SHARD_DIR, index_lines, summarize
 from .verify import verify
@@ -50,61 +50,26 @@ def inspect(root: Path) -> dict:
     return info
 
 
-def scan_shard(path: Path):
-    """Yields (offset, frame bytes) for each zstd frame in a shard, in order, without the index:
-    frames are self-delimiting. Stops at a truncated tail."""
-    with open(path, "rb") as f:
-        offset, pending = 0, b""
-        while True:
-            dobj, frame = zstandard.ZstdDecompressor().decompressobj(), []
-            data = pending or f.read(1 << 20)
-            while data:
-                dobj.decompress(data)
-                if dobj.eof:
-                    used = len(data) - len(dobj.unused_data)
-                    frame.append(data[:used])
-                    pending = dobj.unused_data
-                    break
-                frame.append(data)
-                data = f.read(1 << 20)
-            if not dobj.eof:
-                return  # end of file (or a torn last frame)
-            raw = b"".join(frame)
-            yield offset, raw
-            offset += len(raw)
-            if not pending:
-                pending = f.read(1 << 20)
-                if not pending:
-                    return
-
-
-def rebuild_index(root: Path) -> list[dict]:
-    """Index records recovered from the shards alone (docs/FORMAT.md: frames carry their meta)."""
+def rebuild_index(root: Path, damaged: list | None = None) -> list[dict]:
+    """Index records recovered from the shards alone, along their own framing (framing.py): each whole
+    record's line read from itself. A record framed whole whose bytes do not decode, and bytes where
+    no record starts, are named in `damaged` (where, why) and left out."""
     out = []
-    for shard in sorted((root / SHARD_DIR).glob("*.bin")):
-        frames = scan_shard(shard)
-        for offset, frame in frames:
-            if tail_frame_follows(frame):  # a v2 record: its low plane is the next (raw) frame
-                nxt = next(frames, None)
-                if nxt is None:
-                    break  # a torn last record
-                frame += nxt[1]
-            meta, arrs = decode(frame)
-            ids, mask, hid = arrs["input_ids"], arrs["loss_mask"], arrs["hidden"]
-            out.append(
-                {
-                    "id": meta["id"],
-                    "key": meta["key"],
-                    "shard": shard.name,
-                    "offset": offset,
-                    "length": len(frame),
-                    "tokens": int(ids.shape[0]),
-                    "raw_bytes": int(ids.nbytes + hid.nbytes + mask.nbytes),
-                    "crc32": crc32(frame),
-                    "loss_tokens": int(np.asarray(mask).sum()),
-                    "source": meta.get("source"),
-                }
-            )
+    for shard in sorted(f for f in (root / SHARD_DIR).glob("*.bin") if f.is_file() and not f.is_symlink()):
+        with open(shard, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if os.fstat(f.fileno()).st_size else b""
+        found: dict = {}
+        stop = framing.walk(m, 0, found)
+        for at, (length, _) in sorted(found.items()):
+            try:
+                out.append(framing.line_of(m, shard.name, at, length))
+            except CorruptRecord as e:
+                if damaged is not None:
+                    damaged.append((f"{shard.name} @ {at}", str(e)))
+        if stop < len(m) and damaged is not None:
+            damaged.append((f"{shard.name} @ {stop}", f"{len(m) - stop} bytes that start no whole record"))
+        if isinstance(m, mmap.mmap):
+            m.close()
     return out
 
 
@@ -114,12 +79,25 @@ def main(argv=None) -> int:
     except UserError as e:  # the user's to fix: one line; anything else is a bug and keeps its traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # export and merge write gigabytes: a full disk is the user's to free
-        full = disk_full(e)
-        if full is None:
-            raise
-        print(f"error: disk full ({full}): free space there, then run the command again", file=sys.stderr)
+    except KeyboardInterrupt:  # what was committed stays; what was half-written is the command's own
+        print("stopped: nothing committed was lost; run the same command again to finish it", file=sys.stderr)
         return 2
+    except OSError as e:
+        line = os_error_line(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+
+
+def os_error_line(e: OSError) -> str | None:
+    """The user's to fix, in one line: a full disk, a read-only or foreign folder. None: a bug."""
+    full = disk_full(e)
+    if full is not None:  # export and merge write gigabytes
+        return f"disk full ({full}): free space there, then run the command again"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write {e.filename or 'there'} ({e.strerror}): make it writable, or choose another folder"
+    return None
 
 
 CORES = min(8, os.cpu_count() or 1)  # the default of every --workers
@@ -203,9 +181,12 @@ def command(argv=None) -> int:
         print("\n".join(f"repair: {x}" for x in done))
         return 1 if lost else 0
     if a.cmd == "rebuild-index":
-        recs = rebuild_index(a.dir)
+        damaged: list = []
+        recs = rebuild_index(a.dir, damaged)
         dest = a.dir / "index.rebuilt.jsonl"
         dest.write_bytes(index_lines(recs))
+        for where, why in damaged:
+            print(f"  left out {where}: {why}")
         print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")
         return 0
     if a.cmd == "vocab-map":

@@ -30,6 +30,32 @@ def refuse_alias(out: Path, inputs, error) -> None:
             raise error(f"{why}: writing there would destroy it; choose an output folder apart from every input")
 
 
+SET_FILES = (INDEX, MANIFEST, IDENTITY, SHARD_DIR)
+
+
 def holds_a_set(path: Path) -> bool:
     """A folder with any file of a shard set in it."""
-    return any((path / name).exists() for name in (INDEX, MANIFEST, IDENTITY, SHARD_DIR))
+    return any((path / name).exists() for name in SET_FILES)
+
+
+def set_within(path: Path) -> Path | None:
+    """A shard set at `path` or anywhere under it (a Hydra `outputs/` folder holding a run, say), or
+    None. Links are not followed: what lies behind one is not deleted with the folder."""
+    if holds_a_set(path):
+        return path
+    for top, dirs, _ in os.walk(path):
+        for d in dirs:
+            if holds_a_set(Path(top) / d):
+                return Path(top) / d
+    return None
+
+
+def set_around(path: Path) -> Path | None:
+    """The shard set that `path` (its links resolved) lies inside, as its `shards/` folder or deeper; or None."""
+    real = Path(os.path.realpath(path))
+    return next((p for p in real.parents if is_a_set(p)), None)
+
+
+def is_a_set(path: Path) -> bool:
+    """A shard set's own folder: its shards/ beside an index, a manifest or an identity."""
+    return (path / SHARD_DIR).is_dir() and any((path / n).is_file() for n in (INDEX, MANIFEST, IDENTITY))

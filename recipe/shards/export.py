@@ -22,18 +22,21 @@ speculators 0.9.0 (vLLM extract_hidden_states layout, read by its ArrowDataset +
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from ..procs import in_order
-from .aliasing import holds_a_set, refuse_alias
+from .aliasing import refuse_alias, set_around, set_within
 from .reader import ShardReader, manifest_needs
 
 SPECFORGE_GROUP = 2000  # files per rows_* folder, SpecForge's --file-group-size default
@@ -206,10 +209,8 @@ def export(
     info = {"format": fmt, "source": str(Path(src).resolve()), "samples_total": len(r),
             "our_convention": r.manifest["capture"]["convention"], "draft_config": draft_config(r, fmt),
             "model_fingerprint": r.manifest.get("model_fingerprint")}  # fmt: skip
-    stage = out.parent / f".{out.name}.export-partial"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    try:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with export_lock(out), staging(out) as stage:
         job = ExportJob(fmt, str(src), str(stage), len(r.manifest["capture"]["layers"]), final_norm, norm_w, compress)
         _write_stage(job, r, info, workers, log)
         if draft_vocab is not None:  # where each looks: SpecForge's extraction's folder, speculators' data_path
@@ -220,12 +221,38 @@ def export(
             info["vocab_map"] = write(src, where, draft_vocab, (fmt,), target_vocab)
         _write_text(stage / "export_info.json", json.dumps(info, indent=2) + "\n")
         if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
+            refuse_unless_replaceable(out)  # again: a set may have been put there while this one wrote
+            shutil.rmtree(out)
         os.replace(stage, out)
         os.chmod(out, 0o755)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     return info
+
+
+@contextlib.contextmanager
+def export_lock(out: Path):
+    """One export into `out` at a time: a second is refused at once, before it writes anything (the
+    lock file stays beside `out`: removing it would let a third export take a lock of its own)."""
+    fd = os.open(out.parent / f".{out.name}.export-lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(f"another export is writing {out}: wait for it, or export elsewhere") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staging(out: Path):
+    """A folder beside `out` made by this export alone (a fresh name: never a user's folder), removed
+    at the end unless it became `out`."""
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        yield stage
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage)
 
 
 def _write_stage(job: ExportJob, r: ShardReader, info: dict, workers: int, log) -> None:
@@ -249,14 +276,16 @@ def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: st
     refuse_alias(out, [r.root], ExportError)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ExportError(f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}: export into a folder")
+    inside = set_around(out)
+    if inside is not None:
+        raise ExportError(f"{out} lies inside the shard set {inside}: writing there would destroy it; export elsewhere")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise ExportError(
                 f"{out} exists and is not empty: a trainer would read stale files there. "
                 "Pass --overwrite to replace it, or choose another folder"
             )
-        if holds_a_set(out):
-            raise ExportError(f"{out} holds a shard set: --overwrite never deletes one; choose another folder")
+        refuse_unless_replaceable(out)
     if not r.manifest["capture"]["final"]:
         raise ExportError(
             f"{fmt} trains toward the final hidden state: these shards were captured with capture.final=false"
@@ -267,6 +296,13 @@ def refuse_unless_exportable(fmt: str, r: ShardReader, out: Path, final_norm: st
             "pre-norm; these shards hold it post-norm. Use --final-norm pre-norm-equivalent "
             "(the default: exact up to bf16 rounding)"
         )
+
+
+def refuse_unless_replaceable(out: Path) -> None:
+    """--overwrite deletes `out` whole: never where a shard set lies anywhere under it."""
+    found = set_within(out)
+    if found is not None:
+        raise ExportError(f"{out} holds a shard set ({found}): --overwrite never deletes one; choose another folder")
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ verify is refused; OUT never aliases an input, and no file in it is ever written
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from ..errors import CorruptFile, UserError
@@ -28,14 +30,13 @@ from .store import (
     atomic_write_json,
     identity_diff,
     index_lines,
-    owned_file,
     read_identity,
     read_index,
     read_manifest,
     summarize,
 )
 
-SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")  # which records a job took, not what a sample is
+SPLIT_KEYS = ("sources", "split", "shard_index", "num_shards", "limit")  # which records a job took
 JOB_SPLIT = frozenset(f"data.{k}" for k in SPLIT_KEYS)
 
 
@@ -77,6 +78,8 @@ def merge(out, inputs) -> dict:
         if diff:
             raise MergeError(f"{d} and {inputs[0]} hold different samples:\n  " + "\n  ".join(diff))
     records, duplicates = link_shards_and_join_indexes(out, inputs)
+    if sum(len(read_index(Path(d))) for d in inputs) and not records:
+        raise MergeError(f"no sample of {', '.join(map(str, inputs))} reached {out}: a bug; nothing was indexed")
     atomic_write(out / INDEX, index_lines(records))
     counts = merged_counts(out, inputs, records, duplicates)
     tokencounts.save(out, counts, records, atomic_write)
@@ -98,10 +101,10 @@ def link_shards_and_join_indexes(out: Path, inputs) -> tuple[list[dict], list[di
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     records, seen, duplicates = [], set(), []
     for k, d in enumerate(inputs):
-        d = Path(d)
-        for f in sorted((d / SHARD_DIR).glob("shard-*.bin")):
-            place(f, out / SHARD_DIR / f"set{k:03d}-{f.name}")
-        for r in read_index(d):
+        d, index = Path(d), read_index(Path(d))
+        for name in sorted({r["shard"] for r in index}):  # by the index: a merged input's are setNNN-shard-*
+            place(d / SHARD_DIR / name, out / SHARD_DIR / f"set{k:03d}-{name}")
+        for r in index:
             if r["id"] in seen:
                 duplicates.append({"id": r["id"], "set": str(d)})
                 continue
@@ -124,16 +127,16 @@ def place(src: Path, dst: Path) -> None:
     into one that exists (it may be another set's shard through a link). A dst already linked to
     src (an interrupted merge, run again) is kept."""
     if dst.exists() or dst.is_symlink():
-        if not dst.is_symlink() and os.path.samefile(src, dst):
-            return
+        if not dst.is_symlink() and (os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False)):
+            return  # linked, or copied whole, by an earlier merge into this folder
         raise MergeError(f"{dst} exists and is not {src}: merge into an empty directory")
     try:
         os.link(src, dst)
         return
     except OSError:
         pass
-    tmp = dst.with_name(f".{dst.name}.copy")
-    with open(src, "rb") as a, owned_file(tmp, "xb") as b:  # x: a new file or an error
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".copy", dir=dst.parent)  # a new name, never reused
+    with open(src, "rb") as a, os.fdopen(fd, "wb") as b:
         shutil.copyfileobj(a, b, 16 << 20)
         b.flush()
         os.fsync(b.fileno())

@@ -44,10 +44,13 @@ def check_record(line: dict, meta: dict, tokens: int, slots=None) -> None:
         raise CorruptRecord(f"the index line says {line['tokens']} tokens, the record holds {tokens}")
 
 
+MANIFEST_FIX = "the run that made the set, resumed with its settings (python -m recipe ... output_dir=...), rewrites it"
+
+
 def manifest_needs(root: Path, m: dict, part: str, keys) -> None:
     """A CorruptFile naming what the manifest lacks of what a command reads (never a KeyError)."""
     if not isinstance(m.get(part), dict) or any(k not in m[part] for k in keys):
-        fix = "the same command run again rewrites it from the index"
+        fix = MANIFEST_FIX
         raise CorruptFile(f"{root / MANIFEST} lacks {part}.{'/'.join(keys)}: it is damaged; {fix}")
 
 
@@ -57,7 +60,7 @@ def manifest_slots(root: Path, m: dict) -> list[str] | None:
     manifest_needs(root, m, "capture", ())
     ident = read_identity(root)
     if ident is not None and isinstance(ident.get("capture"), dict) and ident["capture"] != m["capture"]:
-        fix = "the same command run again rewrites it from the index"
+        fix = MANIFEST_FIX
         raise CorruptFile(f"{root / MANIFEST}: its capture disagrees with identity.json's (edited?); {fix}")
     slots = m["capture"].get("slots")
     return list(slots) if isinstance(slots, list) else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import framing
+from .belonging import Foreign
 from .codec import CorruptRecord
 
 LINE_FIELDS = {"id": str, "key": str, "shard": str, "offset": int, "length": int, "tokens": int,
@@ -97,9 +98,10 @@ def trusted(m, recs: list[dict], size: int) -> bool:
     return m is not None and tiles(recs, size) and all(_names_its_record(m, r) for r in (recs[0], recs[-1]))
 
 
-def check(shard_dir: Path, lines: list, deep: bool = False, suspect: set[str] = frozenset()) -> Checked:
+def check(shard_dir: Path, lines: list, deep: bool = False, suspect: set[str] = frozenset(),
+          foreign: Foreign | None = None) -> Checked:  # fmt: skip
     """`lines`: the index as read (malformed lines included). `suspect`: shards walked whatever the
-    cheap check says."""
+    cheap check says. `foreign` (belonging.judge): why a record no line names is not the set's own."""
     valid = [r for r in lines if line_problem(r) is None]
     dropped = [(str(r.get("id")) if type(r) is dict else "?", f"malformed index line ({line_problem(r)})")
                for r in lines if line_problem(r) is not None]  # fmt: skip
@@ -123,7 +125,7 @@ def check(shard_dir: Path, lines: list, deep: bool = False, suspect: set[str] = 
     named: dict[str, set] = {}
     for r in valid:
         named.setdefault(r["id"], set()).add(r["crc32"])
-    return _recover_and_cut(got, walked, named)
+    return _recover_and_cut(got, walked, named, foreign)
 
 
 def _ids_listed_twice(lines: list[dict]) -> set[str]:
@@ -209,13 +211,15 @@ def _in_index_order(valid: list[dict], walked: dict, dropped: list) -> tuple[lis
     return out, dropped + [d for w in walked.values() for d in w.dropped]
 
 
-def _recover_and_cut(got: Checked, walked: dict, named: dict) -> Checked:
+def _recover_and_cut(got: Checked, walked: dict, named: dict, foreign: Foreign | None) -> Checked:
     """Whole records no kept line names are indexed from themselves: one whose sample some line
-    names only if its bytes are the ones that line committed (its crc32). Then each walked shard's
-    end is judged. `named`: sample id -> the crc32s its lines give."""
+    names only if its bytes are the ones that line committed (its crc32), and only if it is the set's
+    own (`foreign`). Then each walked shard's end is judged. `named`: sample id -> the crc32s its lines give."""
     kept, ids = list(got.kept), {r["id"] for r in got.kept}
     recovered, cuts, left, ends = [], [], [], dict(got.ends)
     places: dict[str, set] = {}
+    strangers: dict[str, str] = {}  # shard -> why its unnamed records are another set's
+    damaged: list[tuple[str, str]] = []  # (sample id, why) of unnamed records that do not decode
     for r in kept:
         if r["shard"] in walked:
             places.setdefault(r["shard"], set()).add(r["offset"])
@@ -228,10 +232,15 @@ def _recover_and_cut(got: Checked, walked: dict, named: dict) -> Checked:
                 continue
             try:
                 line = framing.line_of(w.m, name, at, w.found[at][0])
-            except CorruptRecord:
+            except CorruptRecord as e:  # framed whole, but its bytes do not decode: named, and redone
+                damaged.append((str(rid), f"its record in {name} at {at} is damaged ({e})"))
                 continue
             if rid in named and line["crc32"] not in named[rid]:
                 continue  # damaged since that line committed it: its bytes stay, the sample is redone
+            why = foreign(w.m[at : at + w.found[at][0]], w.found[at][1]) if foreign else None
+            if why is not None:
+                strangers.setdefault(name, why)
+                continue
             kept.append(line)
             ids.add(rid)
             recovered.append(rid)
@@ -242,12 +251,15 @@ def _recover_and_cut(got: Checked, walked: dict, named: dict) -> Checked:
         if cut is not None:
             cuts.append((name, cut, size - cut))
             size = cut
-        if size > end:
+        if name in strangers:
+            left.append((name, f"it holds records of another set or model ({strangers[name]}): never indexed"))
+        elif size > end:
             left.append((name, why or f"bytes {end}..{size} hold no record the index can name (damaged or foreign)"))
         if w.m is not None:
             w.m.close()
     changed = bool(got.dropped or got.reindexed or recovered) or len(kept) != len(got.kept)
-    return Checked(kept, got.dropped, cuts, left, ends, got.reindexed, recovered, changed)
+    lost = got.dropped + [d for d in damaged if d[0] not in ids and d[0] not in {x for x, _ in got.dropped}]
+    return Checked(kept, lost, cuts, left, ends, got.reindexed, recovered, changed)
 
 
 def _judge_end(w: Walk, at: int, size: int) -> tuple[int | None, str | None]:

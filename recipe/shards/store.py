@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptFile, OutputDirError, UserError
+from . import belonging, tokencounts
 from . import repair as repair_mod
-from . import tokencounts
 from .codec import scan_json
 
 INDEX = "index.jsonl"
@@ -296,11 +296,27 @@ def holds_samples(root: Path) -> bool:
     return on_disk or bool(read_index(root, lenient=True))
 
 
+# the setting behind each identity field, so that a refusal says what to change
+SETTING_OF = {"codec": "shards.codec", "model_fingerprint": "model.path", "tokenizer": "model.path's tokenizer",
+              "capture.dtype": "model.dtype", "format": "the recipe's version"}  # fmt: skip
+
+
+def setting_of(line: str) -> str:
+    """`data.max_length: on disk 4096, ...` -> `data.max_length`; `tokenizer.sha256: ...` -> model.path's tokenizer."""
+    key = line.split(":", 1)[0]
+    for k, setting in SETTING_OF.items():
+        if key == k or key.startswith(k + "."):
+            return setting
+    return key
+
+
 def mismatch_message(root: Path, diff: list[str]) -> str:
+    settings = ", ".join(dict.fromkeys(setting_of(x) for x in diff))
     return (
         f"{root} holds shards made with another configuration; resuming would mix them:\n  "
         + "\n  ".join(diff)
-        + f"\nResume with the configuration on disk ({root / IDENTITY}), or write to another output_dir=..."
+        + f"\nThis run differs in {settings}: set it as on disk ({root / IDENTITY}) to resume, or give this run "
+        "a folder of its own with output_dir=... (a sweep, -m, gives each job its own)"
     )
 
 
@@ -350,20 +366,27 @@ def repair_on_open(root: Path, deep: bool, suspect: set[str] = frozenset()) -> R
     """The index read, then judged against the shards' own bytes (repair.check): it is rewritten
     where it changed, and only a crashed run's uncommitted appends are cut."""
     lines = read_index(root, repair=True, lenient=True)
-    checked = repair_mod.check(root / SHARD_DIR, lines, deep, suspect)
+    checked = repair_mod.check(root / SHARD_DIR, lines, deep, suspect, belonging.of_set(root))
     if checked.changed or len(checked.kept) != len(lines):
         atomic_write(root / INDEX, index_lines(checked.kept))
-    cuts = []
+    cuts, left = [], list(checked.left)
     for name, at, extra in checked.cuts:
         fd = open_owned(root / SHARD_DIR / name, os.O_RDWR)
         try:
+            if os.fstat(fd).st_nlink > 1:  # a merge's hard link: the other set's live run may be appending
+                left.append((name, SHARED_TAIL))
+                continue
             os.ftruncate(fd, at)
             os.fsync(fd)
         finally:
             os.close(fd)
         cuts.append((name, extra))
-    return Repaired(checked.kept, checked.dropped, checked.left, cuts, checked.ends, checked.reindexed,
+    return Repaired(checked.kept, checked.dropped, left, cuts, checked.ends, checked.reindexed,
                     checked.recovered)  # fmt: skip
+
+
+SHARED_TAIL = ("its bytes past the last record are not cut: the file has another name (a merge's hard link), "
+               "whose set may still be appending to it")  # fmt: skip
 
 
 def refuse_links(root: Path) -> None:

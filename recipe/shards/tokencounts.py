@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CorruptFile
 from .codec import CorruptRecord, record_tokens
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,46 @@ def within(root: Path, records: list, max_length: int) -> Counts:
 
 
 def covers(counts: Counts, records: list) -> bool:
-    """The counts are of the first `lines` samples the index lists, in its order."""
-    return counts.lines <= len(records) and digest_of(records[: counts.lines]) == counts.digest
+    """The counts are of the first `lines` samples the index lists, in its order, and their totals are
+    those lines' (an edited file whose digest still matches is caught here, cheaply)."""
+    if counts.lines > len(records) or digest_of(records[: counts.lines]) != counts.digest:
+        return False
+    head = records[: counts.lines]
+    if int(counts.all.sum()) != sum(r.get("tokens", 0) for r in head):
+        return False
+    return all("loss_tokens" not in r for r in head) or int(counts.loss.sum()) == sum(
+        r.get("loss_tokens", 0) for r in head
+    )
+
+
+def same(a: Counts, b: Counts) -> bool:
+    """Equal counts, per id, and the same first-seen order (what a vocabulary mapping is built from)."""
+    if a.lines != b.lines:
+        return False
+    n = max(a.loss.size, b.loss.size)
+    for k, fill in (("loss", 0), ("all", 0), ("first", -1)):
+        x, y = (np.concatenate([v, np.full(n - v.size, fill, np.int64)]) for v in (getattr(a, k), getattr(b, k)))
+        if not np.array_equal(x, y):
+            return False
+    return True
+
+
+def problem(root: Path, records: list) -> str | None:
+    """Why token_counts.npz does not hold these samples' counts, counted again from their records
+    (what verify says); None where it does, or where there is no file (the next open writes it)."""
+    path = Path(root) / FILE
+    if path.is_dir():
+        return f"{path} is a folder, not the set's token counts: move it away, then repair the set"
+    if not path.exists():
+        return None
+    fix = f"`python -m recipe.shards repair {root}` counts them again from the records"
+    try:
+        saved = Counts.from_file(path)
+    except Exception as e:  # any damage: a cut zip, a folder, a wrong array
+        return f"{FILE} is unreadable ({type(e).__name__}): {fix}"
+    if saved.lines == len(records) and covers(saved, records) and same(saved, catch_up(Counts(), root, records)):
+        return None
+    return f"{FILE} does not hold the counts of the samples the index lists: {fix}"
 
 
 def load(root: Path, records: list, cache: dict | None = None) -> Counts:
@@ -174,6 +213,9 @@ def save(root: Path, counts: Counts, records: list, write) -> None:
     atomic write), unless the file already holds them."""
     if counts.lines != len(records):
         raise ValueError(f"counts of {counts.lines} samples for an index of {len(records)}")
+    if (Path(root) / FILE).is_dir():
+        raise CorruptFile(f"{Path(root) / FILE} is a folder, not the set's token counts: move it away, then run "
+                          "the command again")  # fmt: skip
     if counts.saved != counts.lines:
         counts.digest = digest_of(records)
         write(Path(root) / FILE, counts.to_bytes())

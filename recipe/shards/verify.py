@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import units
 from ..errors import CorruptFile
 from ..procs import in_order
-from . import coverage
+from . import coverage, tokencounts
 from .codec import CorruptRecord, Recycler, check, hidden_shape
 from .reader import ShardReader, check_record, manifest_needs
 from .repair import record_ends
@@ -49,7 +49,10 @@ def verify(root: Path, out=None, workers: int = 1, log=None) -> list[str]:
     for kind in ("id", "key"):
         dup = [k for k, n in collections.Counter(x[kind] for x in r.records).items() if n > 1]
         problems += [f"duplicate {kind} {k} in index" for k in dup]
-    sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin")}
+    sizes = {f.name: f.stat().st_size for f in (root / SHARD_DIR).glob("*.bin") if f.is_file()}
+    for f in sorted((root / SHARD_DIR).glob("*.bin")):
+        if not f.is_file() or f.is_symlink():
+            print(f"note: {f} is not a shard file (a folder or a link): never read; move it out of shards/", file=out)
     merged = bool((r.manifest.get("counts") or {}).get("merged"))
     redo = REDO_MERGED if merged else REDO
     lost = collections.defaultdict(list)
@@ -59,13 +62,16 @@ def verify(root: Path, out=None, workers: int = 1, log=None) -> list[str]:
     for shard, ids in lost.items():
         what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
         problems.append(f"{shard} {what}: {len(ids)} samples lost ({redo}): {', '.join(ids)}")
-    problems += [f"{p} ({redo.replace('them', 'it')})" for p in record_problems(r, frozenset(lost), workers, log)]
+    gone = frozenset(i for ids in lost.values() for i in ids)  # only those: the rest of a cut shard is checked
+    problems += [f"{p} ({redo.replace('them', 'it')})" for p in record_problems(r, gone, workers, log)]
     ends = record_ends(r.records)
     found, notes = coverage.unindexed(root, r.records, sizes, frozenset(lost))
     problems += found
     for x in notes:
         print(f"note: {x}", file=out)
     problems += manifest_problems(r.manifest, r.records)
+    counted = None if problems else tokencounts.problem(root, r.records)  # damaged records give no counts
+    problems += [counted] if counted else []
     verdict = "OK" if not problems else f"{len(problems)} problem(s)"
     print(f"verified {len(r.records)} samples in {len(ends)} shards: {verdict}", file=out)
     return problems
@@ -92,7 +98,7 @@ def ranges(records: list[dict]) -> list[tuple[int, int]]:
 
 
 def record_problems(r: ShardReader, lost: frozenset, workers: int = 1, log=None) -> list[str]:
-    """Every record outside a lost shard checked as the reader decodes it (its checksum, frames, its
+    """Every record but the `lost` ids (named already) checked as the reader decodes it (its checksum, frames, its
     own id) and its shapes against the manifest:
     in this process, or over `workers` spawned ones, each handed its ranges' index lines."""
     tasks = [(r.records[lo:hi], lost) for lo, hi in ranges(r.records)]
@@ -121,7 +127,7 @@ def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None)
     for rec in recs:
         nbytes += rec.get("raw_bytes", 0)
         where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
-        if rec["shard"] in lost:
+        if rec["id"] in lost:
             continue
         try:  # what the reader's decode refuses, without joining the planes into words
             header = check(r.read_frame(rec), rec["crc32"], recycler)

@@ -108,7 +108,8 @@ def target_vocab(reader: ShardReader, given: int | None) -> int:
     """The target's vocabulary: given, or its checkpoint's config.json (text_config where nested)."""
     if given:
         return int(given)
-    cfg = Path(reader.manifest.get("model", {}).get("path", "")) / "config.json"
+    model = reader.manifest.get("model")
+    cfg = Path(str((model if isinstance(model, dict) else {}).get("path") or "")) / "config.json"
     if cfg.exists():
         c = json.loads(cfg.read_text())
         vocab = c.get("text_config", {}).get("vocab_size") or c.get("vocab_size")

@@ -457,7 +457,6 @@ KIMI_CASES = {  # name: (kind, port, tp, extra server flags)
 MOE_METHOD = ("Using CompressedTensors", "compressed_tensors", "WNA16", "Marlin", "marlin")
 
 
-@pytest.mark.parametrize("case", list(KIMI_CASES))
 def ids_and_masks_as_the_template(reader, model_dir, chat) -> tuple[int, int]:
     """(samples whose stored ids and mask equal the model's own template's, multi-turn samples)."""
     from transformers import AutoTokenizer
@@ -478,6 +477,7 @@ def ids_and_masks_as_the_template(reader, model_dir, chat) -> tuple[int, int]:
     return exact, multi_turn
 
 
+@pytest.mark.parametrize("case", list(KIMI_CASES))
 def test_kimi_k25_layout_through_sglangs_kimi_wrapper(case):
     """A checkpoint laid out like Kimi-K2.5 (kimi_k25 config, language_model./vision_tower. weights,
     remote-code tokenizer, thinking template; INT4 routed experts in the *_int4 cases) served by

@@ -1,0 +1,228 @@
+"""The commands around a run keep the store's promise: export, repair, merge and the token counts never
+delete, cut or serve bytes they cannot prove are the set's own, and name all the damage they find.
+
+Each test builds the attack from a finished set (copied afresh), runs the command a user would run,
+and checks what is left on disk and what a reader serves.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import small_run_cfg as cfg
+
+from recipe.main import run
+from recipe.shards import ShardReader
+from recipe.shards import tokencounts as tc
+from recipe.shards.__main__ import main as shards_cli
+from recipe.shards.export import export_lock
+from recipe.shards.verify import verify
+
+N = 10
+EXTRA = ("shards.max_shard_gb=0.0004", "shards.commit_every=1", "shards.workers=1")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finished")
+    run(cfg(tmp, *EXTRA, limit=N))
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def other_layers(tmp_path_factory):
+    """A set of other samples (the records past N) captured at other layers: a stray's source."""
+    tmp = tmp_path_factory.mktemp("other")
+    run(cfg(tmp, *EXTRA, "capture.layers=[1,2]", "data.num_shards=2", "data.shard_index=1", limit=2 * N))
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory):
+    """A set of other samples at the same layers, from another model (its records' slots are ours)."""
+    tmp = tmp_path_factory.mktemp("other-model")
+    run(cfg(tmp, *EXTRA, "model.path=builtin:tiny-qwen3", "data.num_shards=2", "data.shard_index=1", limit=2 * N))
+    return tmp / "out"
+
+
+def fresh(src, dest):
+    shutil.copytree(src, dest)
+    return dest
+
+
+def cli(*args, capsys) -> tuple[int, str]:
+    code = shards_cli([str(a) for a in args])
+    text = capsys.readouterr()
+    return code, text.out + text.err
+
+
+def served(out) -> dict:
+    r = ShardReader(out)
+    return {i: tuple(a.tobytes() for a in r.get_numpy(i)[1].values()) for i in r.ids}
+
+
+def lines(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "index.jsonl").read_text().splitlines()]
+
+
+# export ----------------------------------------------------------------------------------------
+def test_export_overwrite_never_deletes_a_set_nested_anywhere_under_out(finished, tmp_path, capsys):
+    out = tmp_path / "exports"
+    nested = fresh(finished, out / "outputs" / "2026-12-06" / "run")
+    before = served(nested)
+    code, text = cli("export", "--to", "specforge", "--overwrite", finished, out, capsys=capsys)
+    assert code == 2 and "holds a shard set" in text and str(nested) in text
+    assert served(nested) == before and verify(nested) == []
+
+
+@pytest.mark.parametrize("how", ["its shards folder", "a link into it"])
+def test_export_into_another_set_is_refused(finished, tmp_path, how, capsys):
+    other = fresh(finished, tmp_path / "other")
+    before = served(other)
+    target = other / "shards"
+    if how == "a link into it":
+        (tmp_path / "link").symlink_to(other)
+        target = tmp_path / "link" / "shards"
+    code, text = cli("export", "--to", "specforge", "--overwrite", finished, target, capsys=capsys)
+    assert code == 2 and "lies inside the shard set" in text and len(text.strip().splitlines()) == 1
+    assert served(other) == before and verify(other) == []
+
+
+def test_export_stages_in_a_folder_of_its_own_never_a_users(finished, tmp_path, capsys):
+    mine = tmp_path / ".out.export-partial"  # the name older exports staged in, and removed
+    mine.mkdir()
+    (mine / "keep.txt").write_text("the user's")
+    code, _ = cli("export", "--to", "specforge", finished, tmp_path / "out", capsys=capsys)
+    assert code == 0 and (mine / "keep.txt").read_text() == "the user's"
+    assert not [p for p in tmp_path.iterdir() if ".out.export-" in p.name and p != mine and p.is_dir()]
+
+
+def test_a_second_export_into_the_same_out_is_refused_while_one_runs(finished, tmp_path, capsys):
+    out = tmp_path / "out"
+    with export_lock(out):  # the first export, still writing
+        code, text = cli("export", "--to", "specforge", finished, out, capsys=capsys)
+    assert code == 2 and "another export is writing" in text and "exported" not in text
+    assert not out.exists()
+
+
+# repair and resume -----------------------------------------------------------------------------
+def test_a_stray_shard_of_another_set_is_never_indexed_or_served(finished, other_layers, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    before = served(out)
+    stray = out / "shards" / "shard-00042.bin"
+    shutil.copyfile(other_layers / "shards" / "shard-00000.bin", stray)
+    code, text = cli("repair", out, capsys=capsys)
+    assert "shard-00042.bin" in text and "another set" in text
+    assert served(out) == before and all(r["shard"] != stray.name for r in lines(out))
+    assert stray.read_bytes() == (other_layers / "shards" / "shard-00000.bin").read_bytes()
+    run(cfg(tmp_path, *EXTRA, limit=N))  # a resume of the set: the same
+    assert served(out) == before
+    cli("verify", out, capsys=capsys)
+    assert "another set or model" in capsys.readouterr().out + text
+
+
+def test_a_stray_shard_of_another_model_at_the_same_layers_is_never_indexed(finished, other_model, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    before = served(out)
+    shutil.copyfile(other_model / "shards" / "shard-00000.bin", out / "shards" / "shard-00042.bin")
+    code, text = cli("repair", out, capsys=capsys)
+    assert "shard-00042.bin" in text and "its key is not" in text
+    assert served(out) == before
+
+
+def test_repair_never_cuts_a_tail_a_hard_link_shares_with_a_live_set(finished, tmp_path, capsys):
+    live, merged = fresh(finished, tmp_path / "live"), tmp_path / "merged"
+    assert cli("merge", merged, live, capsys=capsys)[0] == 0
+    shard = sorted((live / "shards").glob("shard-*.bin"))[-1]
+    size = shard.stat().st_size
+    with open(shard, "ab") as f:  # the live run's append in flight: a record's first bytes
+        f.write(shard.read_bytes()[:4096])
+    cli("repair", merged, capsys=capsys)
+    assert shard.stat().st_size == size + 4096  # nothing cut through the link
+
+
+def test_merging_merged_sets_gives_a_whole_set(finished, tmp_path, capsys):
+    a, b = fresh(finished, tmp_path / "a"), fresh(finished, tmp_path / "b")
+    shutil.rmtree(b)
+    run(cfg(tmp_path / "bb", *EXTRA, "data.num_shards=2", "data.shard_index=1", limit=2 * N))
+    b = tmp_path / "bb" / "out"
+    for name, inputs in (("node0", [a]), ("node1", [b]), ("all", [tmp_path / "node0", tmp_path / "node1"])):
+        assert cli("merge", tmp_path / name, *inputs, capsys=capsys)[0] == 0
+    whole = tmp_path / "all"
+    assert verify(whole) == [] and served(whole) == {**served(a), **served(b)}
+
+
+# token counts ----------------------------------------------------------------------------------
+def test_edited_token_counts_are_caught_by_verify_and_rebuilt_by_repair(finished, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    path = out / "token_counts.npz"
+    z = dict(np.load(path))
+    loss = z["loss_counts"].copy()
+    loss[0], loss[1] = loss[0] + 2, loss[1] - 2  # the same totals, the same digest
+    np.savez(path, **{**z, "loss_counts": loss})
+    assert any("token_counts.npz does not hold" in p for p in verify(out))
+    cli("repair", out, capsys=capsys)
+    assert verify(out) == []
+    counts = tc.Counts.from_file(path)
+    assert tc.same(counts, tc.catch_up(tc.Counts(), out, lines(out)))
+
+
+def test_counts_whose_totals_disagree_with_the_index_are_never_used(finished, tmp_path):
+    out = fresh(finished, tmp_path / "out")
+    z = dict(np.load(out / "token_counts.npz"))
+    np.savez(out / "token_counts.npz", **{**z, "loss_counts": z["loss_counts"] * 2})
+    counts = tc.load(out, lines(out))
+    assert int(counts.loss.sum()) == sum(r["loss_tokens"] for r in lines(out))
+
+
+def test_token_ids_past_65535_round_trip_a_200k_vocabulary(tmp_path):
+    ids = np.array([5, 65535, 65536, 131072, 199_999, 65536], np.int64)
+    counts = tc.Counts()
+    counts.add("k", ids, np.ones(ids.size, np.uint8))
+    (tmp_path / tc.FILE).write_bytes(counts.to_bytes())
+    back = tc.Counts.from_file(tmp_path / tc.FILE)
+    assert tc.same(back, counts) and back.loss[65536] == 2 and back.loss[199_999] == 1
+
+
+# verify and repair name all the damage ---------------------------------------------------------
+def _spoil(out, rec, at=200):
+    with open(out / "shards" / rec["shard"], "r+b") as f:
+        f.seek(rec["offset"] + at)
+        f.write(b"\xff" * 8)
+
+
+def test_a_shard_cut_short_does_not_hide_other_damage_in_it(finished, tmp_path):
+    out = fresh(finished, tmp_path / "out")
+    first = lines(out)[0]
+    mine = [r for r in lines(out) if r["shard"] == first["shard"]]
+    assert len(mine) >= 2
+    _spoil(out, mine[0])
+    os.truncate(out / "shards" / first["shard"], mine[-1]["offset"] + 10)
+    problems = "\n".join(verify(out))
+    assert mine[0]["id"] in problems and mine[-1]["id"] in problems and "cut short" in problems
+
+
+def test_with_the_index_lost_repair_names_the_damaged_record(finished, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    bad = lines(out)[1]
+    _spoil(out, bad)
+    (out / "index.jsonl").unlink()
+    code, text = cli("repair", out, capsys=capsys)
+    assert code == 1 and f"lost {bad['id']}" in text
+    problems = verify(out)
+    assert problems and any(bad["id"] in p and "damaged" in p for p in problems)
+    assert not any("indexes it" in p for p in problems)  # never advice that sends the user in circles
+
+
+def test_the_manifest_straight_after_a_repair_agrees_with_the_index(finished, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    _spoil(out, lines(out)[2])
+    (out / "index.jsonl").unlink()
+    cli("repair", out, capsys=capsys)
+    m, recs = json.loads((out / "manifest.json").read_text()), lines(out)
+    assert m["totals"]["samples"] == len(recs) == m["counts"]["ok"]
+    assert m["totals"]["tokens"] == sum(r["tokens"] for r in recs) == m["token_counts"]["tokens"]
+    assert m["token_counts"]["loss_tokens"] == sum(r["loss_tokens"] for r in recs)
+    assert not [p for p in verify(out) if "manifest" in p or "accounting" in p]
