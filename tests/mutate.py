@@ -1168,6 +1168,49 @@ MUTATIONS = {
         "head = f.peek(64)[:64].lstrip(",
         ["tests/test_inputs.py::test_a_json_array_after_whitespace_or_a_bom_is_read_as_an_array"],
     ),
+    # every failure of the shard commands is one line (tests/test_failures.py)
+    "ctrl_c_is_a_traceback": (
+        "recipe/shards/__main__.py",
+        "    except KeyboardInterrupt:  # what was committed stays",
+        "    except ZeroDivisionError:  # what was committed stays",
+        ["tests/test_failures.py::test_ctrl_c_is_one_line_and_the_same_command_then_finishes"],
+    ),
+    "a_read_only_folder_is_a_traceback": (
+        "recipe/shards/__main__.py",
+        "if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):",
+        "if e.errno in (errno.EACCES, errno.EPERM):",
+        ["tests/test_failures.py::test_a_read_only_destination_is_one_line"],
+    ),
+    "a_merge_rerun_refuses_its_own_copies": (
+        "recipe/shards/merge.py",
+        "(os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False))",
+        "os.path.samefile(src, dst)",
+        ["tests/test_failures.py::test_a_merge_killed_while_copying_reruns_to_a_whole_set"],
+    ),
+    "a_refused_store_keeps_its_lock": (
+        "recipe/shards/store.py",
+        "        finally:  # whatever was raised (a refusal too), the lock goes with the store\n",
+        "        except Exception:\n            raise\n        if True:\n",
+        ["tests/test_failures.py::test_token_counts_that_are_a_folder_are_one_line_and_the_advice_fixes_it"],
+    ),
+    "token_counts_replaced_over_a_folder": (
+        "recipe/shards/tokencounts.py",
+        "    if (Path(root) / FILE).is_dir():",
+        "    if False:",
+        ["tests/test_failures.py::test_token_counts_that_are_a_folder_are_one_line_and_the_advice_fixes_it"],
+    ),
+    "draft_vocab_checked_after_the_samples": (
+        "recipe/shards/export.py",
+        "    if draft_vocab is not None:  # before a sample is written",
+        "    if False:  # before a sample is written",
+        ["tests/test_failures.py::test_a_bad_draft_vocab_is_refused_before_any_sample_is_written"],
+    ),
+    "rebuild_index_silent_on_damage": (
+        "recipe/shards/__main__.py",
+        'damaged.append((f"{shard.name} @ {at}", str(e)))',
+        "pass",
+        ["tests/test_failures.py::test_rebuild_index_over_a_damaged_record_names_it_and_indexes_the_rest"],
+    ),
 }
 
 

@@ -40,7 +40,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "inspect", broken)
     (tmp_path / "d").mkdir()
     with pytest.raises(ValueError, match="an internal invariant"):
-        cli.main(["inspect", str(tmp_path / "d")])
+        cli.main(["inspect", "--json", str(tmp_path / "d")])
 
 
 def test_an_empty_output_dir_is_refused_rather_than_the_current_folder(tmp_path):

@@ -367,7 +367,7 @@ def test_inspect_counts_what_the_index_holds(finished, tmp_path, capsys):
     m["totals"]["tokens"] += 1000
     (out / "manifest.json").write_text(json.dumps(m))
     cli("inspect", out, capsys=capsys)
-    code = shards_cli(["inspect", str(out)])
+    code = shards_cli(["inspect", "--json", str(out)])
     info = json.loads(capsys.readouterr().out)
     assert code == 0 and info["samples"] == N and info["tokens"] == sum(r["tokens"] for r in lines(out))
 

@@ -149,7 +149,9 @@ def test_cli_verify_and_inspect(default_run):
     _, out, _, _ = default_run
     r = subprocess.run([sys.executable, "-m", "recipe.shards", "verify", str(out)], capture_output=True, text=True)
     assert r.returncode == 0 and "40 samples" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "recipe.shards", "inspect", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "recipe.shards", "inspect", "--json", str(out)], capture_output=True, text=True
+    )
     assert json.loads(r.stdout)["samples"] == 40
 
 

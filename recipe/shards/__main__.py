@@ -1,11 +1,14 @@
-"""python -m recipe.shards {inspect,verify,export,merge} ...
+"""python -m recipe.shards COMMAND ...: read, check, mend and hand over a shard set.
 
-inspect DIR                       summary: counts, sizes, ratio, provenance
-verify DIR [--workers N]          every checksum, frame and count; exit 1 on any problem
-export --to specforge|speculators DIR OUT [--gzip] [--overwrite] [--model-dir CKPT] [--workers N]
-merge OUT IN [IN ...]             one index + manifest over several shard sets
-repair DIR [--fast]               the index made to agree with the shards (nothing committed is cut)
-rebuild-index DIR                 scan the shards without their index -> DIR/index.rebuilt.jsonl
+inspect SET [--json]              what is in it: model, slots, codec, samples, tokens, bytes, counts, first samples
+show SET ID                       one sample: its text with the loss-masked tokens marked, each slot's shape and norm
+verify SET [--workers N]          every checksum, frame and count; exit 1 on any problem
+repair SET [--fast]               the index made to agree with the shards (nothing committed is cut)
+rebuild-index SET                 scan the shards without their index -> SET/index.rebuilt.jsonl
+export --to specforge|speculators SET OUT [--gzip] [--overwrite] [--draft-vocab N] [--model-dir CKPT]
+                                  the files a trainer reads
+vocab-map SET --draft-vocab N     a draft vocabulary's d2t/t2d from the set's token counts
+merge OUT SET [SET ...]           one set over several (one per job or node)
 """
 
 from __future__ import annotations
@@ -114,15 +117,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipe.shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("inspect").add_argument("dir", type=Path)
-    v = sub.add_parser("verify")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    ins = sub.add_parser("inspect", help="what is in a set (--json: every field)")
+    ins.add_argument("--json", action="store_true", help="the full summary as JSON")
+    ins.add_argument("dir", type=Path)
+    sh = sub.add_parser("show", help="one sample: text with the loss mask marked, slot shapes and norms")
+    sh.add_argument("dir", type=Path)
+    sh.add_argument("id")
+    v = sub.add_parser("verify", help="every checksum, frame and count; exit 1 on any problem")
     v.add_argument(
         "--workers", type=at_least_one, default=CORES,
         help="processes decoding records (default: the cores, at most 8); 1 decodes in this process",
     )  # fmt: skip
     v.add_argument("dir", type=Path)
-    e = sub.add_parser("export")
+    e = sub.add_parser("export", help="the files SpecForge or speculators reads")
     e.add_argument("--to", required=True, choices=["specforge", "speculators"])
     e.add_argument(
         "--final-norm",
@@ -142,19 +150,21 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     e.add_argument("dir", type=Path)
     e.add_argument("out", type=Path)
-    rp = sub.add_parser("repair")
+    rp = sub.add_parser("repair", help="the index made to agree with the shards; what is lost is named")
     rp.add_argument(
         "--fast", action="store_true", help="check only what a plain resume checks (no crc32 of every record)"
     )
     rp.add_argument("dir", type=Path)
-    sub.add_parser("rebuild-index").add_argument("dir", type=Path)
+    sub.add_parser("rebuild-index", help="an index from the shards alone, beside the set's").add_argument(
+        "dir", type=Path
+    )
     vm = sub.add_parser("vocab-map", help="a draft vocabulary's d2t/t2d from the set's token counts")
     vm.add_argument("--draft-vocab", type=int, required=True, help="the draft's vocabulary size, e.g. 32000")
     vm.add_argument("--to", choices=["specforge", "speculators", "both"], default="both")
     vm.add_argument("--out", type=Path, help="where the files go (default: DIR/vocab/draft-N)")
     vm.add_argument("--target-vocab", type=int, help="default: the target checkpoint's config.json")
     vm.add_argument("dir", type=Path)
-    mg = sub.add_parser("merge")
+    mg = sub.add_parser("merge", help="one set over several (jobs, nodes)")
     mg.add_argument("out", type=Path)
     mg.add_argument("inputs", type=Path, nargs="+")
     return p
@@ -166,8 +176,12 @@ def command(argv=None) -> int:
         raise NotAShardSet(f"{a.dir} is not a folder")
     if a.cmd == "rebuild-index" and not (a.dir / SHARD_DIR).is_dir():
         raise NotAShardSet(f"{a.dir} has no {SHARD_DIR}/ folder: not a shard set")
-    if a.cmd == "inspect":
-        print(json.dumps(inspect(a.dir), indent=2))
+    if a.cmd in ("inspect", "show"):
+        from .summary import inspect_text, show_text
+
+        text = (json.dumps(inspect(a.dir), indent=2) if a.json else inspect_text(a.dir)) if a.cmd == "inspect" else (
+            show_text(a.dir, a.id))  # fmt: skip
+        print(text)
         return 0
     if a.cmd == "verify":
         problems = verify(a.dir, workers=a.workers)

@@ -209,6 +209,10 @@ def export(
     info = {"format": fmt, "source": str(Path(src).resolve()), "samples_total": len(r),
             "our_convention": r.manifest["capture"]["convention"], "draft_config": draft_config(r, fmt),
             "model_fingerprint": r.manifest.get("model_fingerprint")}  # fmt: skip
+    if draft_vocab is not None:  # before a sample is written, not after all of them
+        from .vocabmap import check_request
+
+        check_request(r, draft_vocab, target_vocab)
     out.parent.mkdir(parents=True, exist_ok=True)
     with export_lock(out), staging(out) as stage:
         job = ExportJob(fmt, str(src), str(stage), len(r.manifest["capture"]["layers"]), final_norm, norm_w, compress)

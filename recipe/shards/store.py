@@ -586,6 +586,7 @@ class ShardStore:
             self.counter.save(self.records, atomic_write)
         except OSError:  # nothing uncommitted is lost for good: resume cuts the tail and redoes it
             self._pending = []
-        self._index.close()
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        self._lock.close()
+        finally:  # whatever was raised (a refusal too), the lock goes with the store
+            self._index.close()
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()

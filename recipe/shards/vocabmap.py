@@ -42,6 +42,11 @@ def check_sizes(draft: int, target: int, counts: tokencounts.Counts) -> None:
         raise VocabMapError(f"the set holds token id {int(seen[-1])}, outside a target vocabulary of {target}")
 
 
+def check_request(reader: ShardReader, draft: int, target: int | None) -> None:
+    """The sizes a mapping of `draft` ids would be built with, checked before an export writes a sample."""
+    check_sizes(draft, target_vocab(reader, target), tokencounts.load(reader.root, reader.records))
+
+
 def specforge_ids(counts: tokencounts.Counts, draft: int) -> tuple[list[int], int]:
     """(kept target ids ascending, ids padded in): SpecForge's rule on the set's Counter."""
     ids, freq = counts.counter()
