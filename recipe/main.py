@@ -42,6 +42,7 @@ from .provenance import (
     tokenizer_provenance,  # fmt: skip
     versions,
 )
+from .shards.aliasing import set_around
 from .shards.codec import Codec
 from .shards.store import ShardStore
 
@@ -208,6 +209,9 @@ def check_output_dir(out: Path) -> None:
     parent = out if out.exists() else next(p for p in out.parents if p.exists())
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputDirError(f"output_dir={out}: {parent} is not writable")
+    inside = set_around(out)  # a set's shards/ folder, say, reached directly or through a link
+    if inside is not None:
+        raise OutputDirError(f"output_dir={out} lies inside the shard set {inside}: give the run a folder of its own")
 
 
 @dataclass(frozen=True)

@@ -1211,6 +1211,79 @@ MUTATIONS = {
         "pass",
         ["tests/test_failures.py::test_rebuild_index_over_a_damaged_record_names_it_and_indexes_the_rest"],
     ),
+    # sizes at their edges, the self-check at a real logit scale
+    "target_vocab_taken_from_the_checkpoint": (
+        "recipe/shards/vocabmap.py",
+        "    if given is not None:  # 0 too",
+        "    if False:  # 0 too",
+        ["tests/test_vocabmap.py::test_export_takes_the_target_vocabulary_from_the_argument_not_the_checkpoint"],
+    ),
+    "a_zero_target_vocab_read_as_not_given": (
+        "recipe/shards/vocabmap.py",
+        "    if given is not None:  # 0 too",
+        "    if given:  # 0 too",
+        ["tests/test_vocabmap.py::test_every_size_at_its_edges_is_kept_or_refused_in_one_line"],
+    ),
+    "a_draft_as_wide_as_its_target_refused": (
+        "recipe/shards/vocabmap.py",
+        "    if draft < 1 or draft > target:",
+        "    if draft < 1 or draft >= target:",
+        ["tests/test_vocabmap.py::test_every_size_at_its_edges_is_kept_or_refused_in_one_line"],
+    ),
+    "the_sets_top_id_inside_a_target_one_short": (
+        "recipe/shards/vocabmap.py",
+        "    if seen.size and seen[-1] >= target:",
+        "    if seen.size and seen[-1] > target:",
+        ["tests/test_vocabmap.py::test_every_size_at_its_edges_is_kept_or_refused_in_one_line"],
+    ),
+    "self_check_bound_ten_times_looser": (
+        "recipe/selfcheck.py",
+        "    return 0.02 + 2.0**-7 * max_logit",
+        "    return 10 * (0.02 + 2.0**-7 * max_logit)",
+        ["tests/test_selfcheck.py::test_a_final_slot_one_layer_early_is_flagged_at_nearly_every_position_and_refused"],
+    ),
+    "self_check_logits_without_their_softcap": (
+        "recipe/selfcheck.py",
+        "        if self.softcap:\n",
+        "        if False:\n",
+        ["tests/test_selfcheck.py::test_a_softcapped_head_is_judged_through_its_softcap"],
+    ),
+    "a_run_writes_inside_another_set": (
+        "recipe/main.py",
+        "    inside = set_around(out)  # a set's shards/ folder",
+        "    inside = None  # a set's shards/ folder",
+        ["tests/test_edges.py::test_no_command_writes_inside_another_set_reached_through_a_link"],
+    ),
+    "a_merge_writes_inside_another_set": (
+        "recipe/shards/merge.py",
+        "    inside = set_around(out)\n    if inside is not None:\n        raise MergeError",
+        "    inside = None\n    if inside is not None:\n        raise MergeError",
+        ["tests/test_edges.py::test_no_command_writes_inside_another_set_reached_through_a_link"],
+    ),
+    "vocab_map_writes_inside_another_set": (
+        "recipe/shards/vocabmap.py",
+        "    if inside is not None and not own:",
+        "    if False:",
+        ["tests/test_edges.py::test_no_command_writes_inside_another_set_reached_through_a_link"],
+    ),
+    "fp8_error_of_the_last_run_only": (
+        "recipe/main.py",
+        '        sums += np.asarray([before["error_sums"].get(s, [0.0, 0.0]) for s in job.slots]).T',
+        "        pass",
+        ["tests/test_fp8.py::test_after_a_resume_the_manifests_error_covers_the_whole_set"],
+    ),
+    "specforge_dataset_cuts_past_max_length": (
+        "recipe/shards/trainers.py",
+        "normalize_offline_sample(specforge_raw(self.sample(i), self.n_aux), self.max_len)",
+        "normalize_offline_sample(specforge_raw(self.sample(i), self.n_aux), self.max_len + 8)",
+        ["tests/test_export.py::test_specforge_reading_the_shards_truncates_as_it_does_its_own_files"],
+    ),
+    "a_checkpoint_states_two_rope_thetas": (
+        "recipe/models/common.py",
+        '        rope.update({k: real[k] for k in ("rope_theta", "partial_rotary_factor") if k in real and k in rope})',
+        "        pass",
+        ["tests/test_families.py::test_each_built_in_checkpoint_states_one_rope_base"],
+    ),
 }
 
 

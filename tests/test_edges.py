@@ -226,3 +226,28 @@ def test_the_manifest_straight_after_a_repair_agrees_with_the_index(finished, tm
     assert m["totals"]["tokens"] == sum(r["tokens"] for r in recs) == m["token_counts"]["tokens"]
     assert m["token_counts"]["loss_tokens"] == sum(r["loss_tokens"] for r in recs)
     assert not [p for p in verify(out) if "manifest" in p or "accounting" in p]
+
+
+@pytest.mark.parametrize("cmd", ["run", "export", "merge", "vocab-map"])
+def test_no_command_writes_inside_another_set_reached_through_a_link(finished, tmp_path, cmd, capsys):
+    other = fresh(finished, tmp_path / "other")
+    before, listing = served(other), sorted(p.relative_to(other) for p in other.rglob("*"))
+    (tmp_path / "link").symlink_to(other)
+    inside = tmp_path / "link" / "shards" / "mine"
+    if cmd == "run":
+        from recipe.errors import UserError
+
+        with pytest.raises(UserError, match="lies inside the shard set"):
+            run(cfg(tmp_path, *EXTRA, f"output_dir={inside}", limit=N))
+    else:
+        args = {"export": ["export", "--to", "specforge", finished, inside], "merge": ["merge", inside, finished],
+                "vocab-map": ["vocab-map", "--draft-vocab", "32", "--out", inside, finished]}[cmd]  # fmt: skip
+        code, text = cli(*args, capsys=capsys)
+        assert code == 2 and "lies inside the shard set" in text
+    assert served(other) == before and sorted(p.relative_to(other) for p in other.rglob("*")) == listing
+
+
+def test_vocab_map_still_writes_under_its_own_sets_vocab_folder(finished, tmp_path, capsys):
+    out = fresh(finished, tmp_path / "out")
+    assert cli("vocab-map", "--draft-vocab", "32", out, capsys=capsys)[0] == 0
+    assert (out / "vocab" / "draft-32" / "d2t.npy").exists() and verify(out) == []

@@ -97,6 +97,32 @@ def test_specforge_dataset_and_collator_read_the_export_exactly(shards, tmp_path
         assert not batch["attention_mask"][b, L:].any() and batch["attention_mask"][b, :L].all()
 
 
+@pytest.mark.parametrize("max_len", [64, 129])
+def test_specforge_reading_the_shards_truncates_as_it_does_its_own_files(shards, tmp_path, max_len):
+    """data.max_length under the longest sample: SpecForge over the shards counts the same loss tokens,
+    item for item, as SpecForge over its own files of the same samples."""
+    trainer("specforge")
+    from specforge.data.preprocessing import build_offline_eagle3_dataset
+
+    from recipe.shards.trainers import SpecForgeDataset
+
+    export("specforge", shards, tmp_path / "sf")
+    theirs, ours, rows = (
+        build_offline_eagle3_dataset(str(tmp_path / "sf"), max_len=max_len),
+        None,
+        mapping(tmp_path / "sf"),
+    )
+    ours = SpecForgeDataset(shards, max_len=max_len)
+    assert max(r["tokens"] for r in ShardReader(shards).records) > max_len  # it does cut
+    total = 0
+    for j, path in enumerate(theirs.datapaths):
+        a, b = theirs[j], ours[rows[os.path.relpath(path, tmp_path / "sf")]["index"]]
+        assert a["input_ids"].shape[1] <= max_len and a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        total += int(a["loss_mask"].sum())
+    assert total == sum(int(ours[i]["loss_mask"].sum()) for i in range(len(ours))) > 0
+
+
 def test_specforge_trainer_reads_the_shards_as_it_reads_an_export(shards, tmp_path):
     """Under specforge_reads_shards, SpecForge's own offline reader and feature store serve a shard
     set directly: the same samples, in the same order (its sorted file list: data_0, data_1,

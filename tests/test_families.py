@@ -97,3 +97,30 @@ def test_the_multimodal_and_hybrid_layouts_are_the_real_ones():
     assert "sliding_attention" in oss["layer_types"] and oss["sliding_window"] == 16
     with safe_open(materialize("tiny-gpt-oss") / "model.safetensors", "pt") as f:
         assert f.get_tensor("model.layers.0.self_attn.sinks").abs().sum() > 0
+
+
+def rope_values(cfg: dict, key: str) -> set:
+    """Every value a text config states for `key` of its global attention: top level, and under
+    rope_parameters / rope_scaling (SGLang 0.5.16 reads the top level, transformers 5 rope_parameters);
+    per layer type, the full-attention layers' (Gemma-3's sliding layers have a base of their own,
+    rope_local_base_freq, checked below)."""
+    found = {cfg[key]} if cfg.get(key) is not None else set()
+    for nest in ("rope_parameters", "rope_scaling"):
+        sub = cfg.get(nest)
+        if isinstance(sub, dict) and isinstance(sub.get("full_attention"), dict):
+            sub = sub["full_attention"]
+        if isinstance(sub, dict) and sub.get(key) is not None:
+            found.add(sub[key])
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_each_built_in_checkpoint_states_one_rope_base(name):
+    cfg = json.loads((materialize(name) / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    for key in ("rope_theta", "partial_rotary_factor"):
+        assert len(rope_values(text, key)) <= 1, (name, key, rope_values(text, key))
+    assert rope_values(text, "rope_theta"), name  # and states one
+    local = (text.get("rope_parameters") or {}).get("sliding_attention")
+    if isinstance(local, dict):  # the sliding layers' base, as SGLang reads it and as HF does
+        assert local.get("rope_theta") == text.get("rope_local_base_freq", local.get("rope_theta")), name

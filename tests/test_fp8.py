@@ -118,6 +118,26 @@ def test_the_manifest_records_the_codec_and_the_error_of_what_it_stored(both):
     assert m["totals"]["raw_bytes"] / m["totals"]["stored_bytes"] > 2.0
 
 
+def stated_and_measured(exact_dir, packed_dir) -> tuple[np.ndarray, np.ndarray]:
+    """The manifest's error per slot, and the error of every sample the set holds against its lossless twin."""
+    m = json.loads((packed_dir / "manifest.json").read_text())
+    exact, packed = ShardReader(exact_dir), ShardReader(packed_dir)
+    err, norm = np.zeros(len(packed.slots)), np.zeros(len(packed.slots))
+    for sid in packed.ids:
+        a, b = exact.get(sid)["hidden"].double(), packed.get(sid)["hidden"].double()
+        err += ((b - a) ** 2).sum((0, 2)).numpy()
+        norm += (a**2).sum((0, 2)).numpy()
+    return np.asarray([m["codec"]["rel_l2_error"][s] for s in packed.slots]), np.sqrt(err / norm)
+
+
+def test_after_a_resume_the_manifests_error_covers_the_whole_set(both, tmp_path):
+    run(cfg(tmp_path, "shards.codec=fp8", limit=3))
+    run(cfg(tmp_path, "shards.codec=fp8", limit=8))  # the resume stores the other five
+    stated, measured = stated_and_measured(both / "lossless", tmp_path / "out")
+    assert len(ShardReader(tmp_path / "out")) == 8
+    assert np.allclose(stated, measured, rtol=1e-3), (stated, measured)
+
+
 def test_a_set_never_holds_both_codecs(both, tmp_path):
     import shutil
 

@@ -144,3 +144,37 @@ def test_vocab_map_and_export_write_one_mapping_and_refuse_sizes_in_one_line(sha
     r = cli("vocab-map", shards, "--draft-vocab", 32, "--out", tmp_path / "mine")
     assert r.returncode == 2 and "files vocab-map did not write" in r.stderr
     assert (tmp_path / "mine" / "d2t.npy").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("form", ["specforge", "speculators"])
+def test_export_takes_the_target_vocabulary_from_the_argument_not_the_checkpoint(shards, tmp_path, form):
+    r = cli("export", "--to", form, "--draft-vocab", 32, "--target-vocab", V + 28, shards, tmp_path / "x")
+    assert r.returncode == 0, r.stderr
+    if form == "specforge":
+        m = torch.load(tmp_path / "x" / "vocab_mapping" / "vocab_mapping.pt")
+        d2t, t2d = m["d2t"].numpy(), m["t2d"].numpy()
+    else:
+        d2t, t2d = np.load(tmp_path / "x" / "d2t.npy"), np.load(tmp_path / "x" / "t2d.npy")
+    assert t2d.shape == (V + 28,) and d2t.shape == (32,) and t2d.sum() == 32
+    r = cli("vocab-map", shards, "--draft-vocab", 32, "--target-vocab", V + 28, "--out", tmp_path / "vm")
+    assert r.returncode == 0 and np.load(tmp_path / "vm" / "t2d.npy").shape == (V + 28,)
+
+
+def test_every_size_at_its_edges_is_kept_or_refused_in_one_line(shards, tmp_path):
+    top = int(np.flatnonzero(tokencounts.load(shards, ShardReader(shards).records).all)[-1])  # the set's top id
+    for draft, target, ok in ((0, V, False), (1, V, True), (V - 1, V, True), (V, V, True), (V + 1, V, False),
+                              (1, top, False), (1, top + 1, True), (1, 0, False)):  # fmt: skip
+        out = tmp_path / f"d{draft}-t{target}"
+        r = cli("vocab-map", shards, "--draft-vocab", draft, "--target-vocab", target, "--out", out)
+        assert (r.returncode == 0) == ok and "Traceback" not in r.stderr, (draft, target, r.stderr)
+        if not ok:
+            assert r.returncode == 2 and r.stderr.count("\n") == 1 and not out.exists(), (draft, target)
+            continue
+        d2t, t2d = np.load(out / "d2t.npy"), np.load(out / "t2d.npy")
+        kept = d2t + np.arange(draft)
+        assert d2t.shape == (draft,) and t2d.shape == (target,) and t2d.sum() == draft
+        assert np.array_equal(np.flatnonzero(t2d), kept)  # d2t and t2d name the same ids
+        sf = torch.load(out / "vocab_mapping.pt")
+        assert sf["t2d"].numel() == target and sf["d2t"].numel() == draft
+        if draft == target:  # a draft as wide as its target keeps every id
+            assert t2d.all() and not d2t.any() and not sf["d2t"].any()

@@ -212,7 +212,7 @@ def vocab_map_command(a: argparse.Namespace) -> int:
     from .vocabmap import default_dest, refuse_foreign, write
 
     dest = a.out or default_dest(a.dir, a.draft_vocab)
-    refuse_foreign(dest)
+    refuse_foreign(dest, a.dir)
     forms = ("specforge", "speculators") if a.to == "both" else (a.to,)
     info = write(a.dir, dest, a.draft_vocab, forms, a.target_vocab)
     print(f"a draft vocabulary of {a.draft_vocab} over {info['target_vocab_size']} target ids, from the loss-masked "

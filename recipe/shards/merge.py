@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import CorruptFile, UserError
 from . import tokencounts
-from .aliasing import refuse_alias
+from .aliasing import refuse_alias, set_around
 from .codec import CorruptRecord, crc32
 from .reader import ShardReader
 from .store import (
@@ -61,6 +61,9 @@ class MergeError(UserError, ValueError):
 def merge(out, inputs) -> dict:
     out = Path(out)
     refuse_alias(out, inputs, MergeError)
+    inside = set_around(out)
+    if inside is not None:
+        raise MergeError(f"{out} lies inside the shard set {inside}: merge into a folder of its own")
     if (out / INDEX).exists() or (out / MANIFEST).exists():
         raise MergeError(f"{out} already holds a shard set: merge into an empty directory")
     manifests = []

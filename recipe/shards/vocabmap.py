@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UserError
 from . import tokencounts
+from .aliasing import set_around
 from .reader import ShardReader
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,7 @@ WRITERS = {"specforge": write_specforge, "speculators": write_speculators}
 
 def target_vocab(reader: ShardReader, given: int | None) -> int:
     """The target's vocabulary: given, or its checkpoint's config.json (text_config where nested)."""
-    if given:
+    if given is not None:  # 0 too: refused by the size check, never read as "not given"
         return int(given)
     model = reader.manifest.get("model")
     cfg = Path(str((model if isinstance(model, dict) else {}).get("path") or "")) / "config.json"
@@ -127,10 +129,15 @@ def default_dest(root, draft: int) -> Path:
     return Path(root) / "vocab" / f"draft-{draft}"
 
 
-def refuse_foreign(dest: Path) -> None:
+def refuse_foreign(dest: Path, root: Path | None = None) -> None:
     """dest is new, empty, or written by an earlier vocab-map (whose files a new one replaces: a
-    mapping left from other counts is what misaligns a draft); never a folder of the user's."""
+    mapping left from other counts is what misaligns a draft); never a folder of the user's, and
+    never inside a shard set but under the source's own vocab/ folder (`root`)."""
     dest = Path(dest)
+    inside = set_around(dest)
+    own = root is not None and Path(os.path.realpath(dest)).is_relative_to(Path(os.path.realpath(root)) / "vocab")
+    if inside is not None and not own:
+        raise VocabMapError(f"{dest} lies inside the shard set {inside}: pass --out with a folder of its own")
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise VocabMapError(f"{dest} is not a folder: pass --out with a folder for the mapping")
     if dest.is_dir() and any(dest.iterdir()) and not (dest / "vocab_map.json").exists():

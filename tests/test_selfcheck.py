@@ -1,0 +1,65 @@
+"""The self-check's bound at a real model's logit scale: the right final slot passes at every position, a
+final slot taken one layer early (about one nat off) is flagged at nearly every position and refused.
+
+A real head: 8K ids, logits up to ~22 (trained LLMs' peak logits are 15-30). The server's logprobs are
+computed as SGLang does: bf16 logits, log_softmax. Tokens are sampled from the model's own
+distribution, so their logprobs are the ones a real prompt has."""
+
+import numpy as np
+import pytest
+import torch
+
+from recipe.selfcheck import Head, judge
+
+V, H, N = 8192, 256, 96
+
+
+def rms(x):
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+@pytest.fixture(scope="module")
+def model():
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(V, H, generator=g) * 0.35).to(torch.bfloat16)
+    residual = torch.randn(N, H, generator=g)  # the stream entering the final norm
+    final = rms(residual).to(torch.bfloat16)
+    logits = (final.float() @ weight.float().T).to(torch.bfloat16).float()
+    nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[:, 0].numpy()
+    ids = np.concatenate([[1], nxt[:-1]]).astype(np.int64)  # token t+1 drawn from row t
+    lp = torch.log_softmax(logits, -1)
+    server = [[None, 1]] + [[float(lp[t, ids[t + 1]]), int(ids[t + 1])] for t in range(N - 1)]
+    last_update = 0.3 * torch.randn(N, H, generator=torch.Generator().manual_seed(1))
+    early = rms(residual - last_update).to(torch.bfloat16)  # the state before the last layer's update
+    return Head(weight, None), ids, final, early, server
+
+
+def test_the_logits_are_at_a_real_models_scale(model):
+    head, ids, final, _, _ = model
+    _, peak = head.logprobs(final, torch.as_tensor(ids))
+    assert 15 < peak.mean() < 30
+
+
+def test_the_right_final_slot_passes_at_every_position(model):
+    head, ids, final, _, server = model
+    v = judge(head, "s", ids, final, server)
+    assert v.ok and v.off == 0, v
+
+
+def test_a_final_slot_one_layer_early_is_flagged_at_nearly_every_position_and_refused(model):
+    head, ids, _, early, server = model
+    lp, _ = head.logprobs(early, torch.as_tensor(ids[1:]))
+    off_by = np.abs(lp - np.array([s[0] for s in server[1:]])).mean()
+    assert 0.9 < off_by < 1.5  # what the issue's H200 run saw for a slot one layer off
+    v = judge(head, "s", ids, early, server)
+    assert not v.ok and v.off >= 0.85 * v.checked, v
+
+
+def test_a_softcapped_head_is_judged_through_its_softcap(model):
+    """Gemma's final_logit_softcapping: the server's logprobs are of capped logits; so must ours be."""
+    head, ids, final, _, _ = model
+    capped = Head(head.weight, 10.0)
+    logits = (final.float() @ head.weight.float().T).to(torch.bfloat16).float()
+    lp = torch.log_softmax(10.0 * torch.tanh(logits / 10.0), -1)
+    server = [[None, 1]] + [[float(lp[t, ids[t + 1]]), int(ids[t + 1])] for t in range(N - 1)]
+    assert judge(capped, "s", ids, final, server).off == 0
