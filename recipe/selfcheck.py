@@ -67,6 +67,7 @@ class Head:
 
     weight: object  # torch [V, H], bf16 as stored
     softcap: float | None
+    w32: object = None  # the weight in float32, made once at the first judgement (not per call)
 
     @classmethod
     def load(cls, model_dir: Path) -> Head | None:
@@ -92,7 +93,9 @@ class Head:
         """Per row: log p(target) under lm_head(state) in float32, and the row's largest |logit|."""
         import torch
 
-        logits = torch.cat([states.float() @ w.float().T for w in self.weight.split(16384)], dim=1)
+        if self.w32 is None:
+            self.w32 = self.weight.float()
+        logits = states.float() @ self.w32.T  # every sample's positions in one matmul: one pass over the head
         if self.softcap:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         lp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
@@ -126,25 +129,38 @@ class Verdict:
 def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list) -> Verdict:
     """The final slot [n, H] (torch bf16) of one sample against the server's input-token logprobs
     (SGLang's list: [logprob, token id, ...] per prompt token, the first one's logprob None)."""
+    return judge_all(head, [(sample_id, ids, final, server)])[0]
+
+
+def judge_all(head: Head, items: list) -> list[Verdict]:
+    """judge() for several samples (sample id, ids, final slot, server logprobs) at once: their positions
+    through the head in one matmul. A sample that disagrees is tried shifted by a token either way."""
     import torch
 
-    t = torch.as_tensor(positions(len(ids)))
-    want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
-    targets = torch.as_tensor(ids[t.numpy() + 1].astype(np.int64))
+    ts = [torch.as_tensor(positions(len(ids))) for _, ids, _, _ in items]
+    states = torch.cat([final[t] for (_, _, final, _), t in zip(items, ts)])
+    targets = torch.cat([torch.as_tensor(ids[t.numpy() + 1].astype(np.int64)) for (_, ids, _, _), t in zip(items, ts)])
+    lp, peak = head.logprobs(states, targets)
+    out, at = [], 0
+    for (sid, ids, final, server), t in zip(items, ts):
+        want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
+        k = len(t)
+        diff = np.abs(lp[at : at + k] - want)
+        v = Verdict(sid, k, int((diff > bound(peak[at : at + k])).sum()), float(diff.max()))
+        at += k
+        if not v.ok:
+            v.shifted = fitting_shift(head, ids, final, targets[at - k : at], want, t)
+        out.append(v)
+    return out
 
-    def off(rows):
-        lp, peak = head.logprobs(final[rows], targets)
-        diff = np.abs(lp - want)
-        return int((diff > bound(peak)).sum()), float(diff.max())
 
-    bad, worst = off(t)
-    v = Verdict(sample_id, len(t), bad, worst)
-    if not v.ok:
-        for shift in (-1, 1):
-            rows = (t + shift).clamp(0, len(ids) - 1)
-            if off(rows)[0] <= OUTLIERS * len(t):
-                v.shifted = shift
-    return v
+def fitting_shift(head: Head, ids: np.ndarray, final, targets, want: np.ndarray, t) -> int | None:
+    """The shift (-1 or 1) of rows that makes a disagreeing sample agree, if one does."""
+    for shift in (-1, 1):
+        lp, peak = head.logprobs(final[(t + shift).clamp(0, len(ids) - 1)], targets)
+        if int((np.abs(lp - want) > bound(peak)).sum()) <= OUTLIERS * len(t):
+            return shift
+    return None
 
 
 def refusal(v: Verdict, name: str) -> str:
@@ -192,35 +208,47 @@ class SelfCheck:
         self.asked[sample.key] = (sample.id, lps)
 
     def poll(self, store) -> None:
-        """Judge every asked sample the store has committed since the last call; raise on the first
-        that disagrees."""
+        """Judge every asked sample the store has committed since the last call, together; raise on
+        the first that disagrees."""
         with self.lock:
             records = store.records
             end = len(records)
-            for rec in records[self.seen : end]:
-                if rec["key"] in self.asked:
-                    self._judge(store.root, rec)
+            due = [rec for rec in records[self.seen : end] if rec["key"] in self.asked]
             self.seen = end
+            if due and self._head() is not None:
+                self._judge([self._item(store.root, rec) for rec in due])
 
-    def _judge(self, root: Path, rec: dict) -> None:
-        import torch
-
-        if self.head is None:
+    def _head(self) -> Head | None:
+        """The checkpoint's lm_head, read once."""
+        if self.head is None and self.skipped is None:
             self.head = Head.load(self.model_dir)
             if self.head is None:
                 self.skipped = "the checkpoint's lm_head is not a plain float matrix"
                 log.warning("self-check skipped: %s", self.skipped)
-        if self.head is None:
-            return
+        return self.head
+
+    def warm(self) -> None:
+        """The head read and widened before the first samples come back (in a thread, beside the run)."""
+        with self.lock:
+            head = self._head()
+            if head is not None and head.w32 is None:
+                head.w32 = head.weight.float()
+
+    def _item(self, root: Path, rec: dict) -> tuple:
+        import torch
+
         sid, lps = self.asked.pop(rec["key"])
         _, t = codec.decode(read_frame(root, rec), rec["crc32"])
         final = torch.from_numpy(t["hidden"][:, self.final_slot].view(np.int16)).view(torch.bfloat16)
-        v = judge(self.head, sid, t["input_ids"], final, lps)
-        self.verdicts.append(v)
-        if not v.ok:
-            raise SelfCheckFailed(refusal(v, Path(self.model_dir).name))
-        log.info("self-check: sample %s's final slot gives the server's logprobs (%d positions, worst %.3g nats)",
-                 sid, v.checked, v.max_diff)  # fmt: skip
+        return sid, t["input_ids"], final, lps
+
+    def _judge(self, items: list) -> None:
+        for v in judge_all(self.head, items):
+            self.verdicts.append(v)
+            if not v.ok:
+                raise SelfCheckFailed(refusal(v, Path(self.model_dir).name))
+            log.info("self-check: sample %s's final slot gives the server's logprobs (%d positions, worst %.3g "
+                     "nats)", v.sample, v.checked, v.max_diff)  # fmt: skip
 
     def pending(self) -> int:
         return len(self.asked)
@@ -235,7 +263,9 @@ def read_frame(root: Path, rec: dict) -> bytes:
 
 
 async def judge_as_stored(check: SelfCheck, store) -> SelfCheckFailed | None:
-    """While requests go out: each self-check sample judged as soon as the store has committed it."""
+    """While requests go out: each self-check sample judged as soon as the store has committed it (the
+    head made ready first, while the first requests are computed)."""
+    await asyncio.to_thread(check.warm)
     while check.pending() or check.requested < check.samples:
         await asyncio.sleep(0.25)
         try:

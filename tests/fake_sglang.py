@@ -15,7 +15,8 @@ hang_once (on the 3rd request the scheduler and /health stop answering while the
 once per marker), cached (answers cached_tokens > 0), slow (sleep per pass), slow_exit (SIGTERM
 takes 3 s, as SGLang's graceful drain does, then the exit time goes to FAKE_SGLANG_EXITED),
 prenorm_final (the processor is handed the state before the final norm), shifted_final (each row
-holds the previous token's final state): what a model the seam misreads would dump.
+holds the previous token's final state), nan_final (every final state NaN): what a model the seam misreads
+would dump.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class FakeModel(torch.nn.Module):
             hs = self.hf(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True).hidden_states
         aux = [hs[i][0] for i in self.model.layers_to_capture]  # entering layer i
         final = self.prenorm[0] if "prenorm_final" in MODES else hs[-1][0]
+        if "nan_final" in MODES:  # what SGLang 0.5.16 hands over for a tiny Qwen3-MoE: NaN states
+            final = torch.full_like(final, float("nan"))
         return final, aux
 
     def forward(self, mode, pieces):

@@ -1284,6 +1284,42 @@ MUTATIONS = {
         "        pass",
         ["tests/test_families.py::test_each_built_in_checkpoint_states_one_rope_base"],
     ),
+    "framing_skips_the_frame_checksum": (
+        "recipe/shards/framing.py",
+        "    pos += 4 * checksum\n",
+        "    pos += 0 * checksum\n",
+        ["tests/test_edges.py::test_with_the_index_lost_repair_names_the_damaged_record"],
+    ),
+    "vocab_map_writes_through_a_link": (
+        "recipe/shards/vocabmap.py",
+        "    atomic_write(path, buf.getvalue())",
+        "    path.write_bytes(buf.getvalue())",
+        ["tests/test_edges.py::test_vocab_map_never_writes_through_a_link_left_in_its_folder"],
+    ),
+    "rebuild_index_writes_through_a_link": (
+        "recipe/shards/__main__.py",
+        "        atomic_write(dest, index_lines(recs))",
+        "        dest.write_bytes(index_lines(recs))",
+        ["tests/test_edges.py::test_rebuild_index_never_writes_through_a_link"],
+    ),
+    "early_stop_never_trips": (
+        "recipe/packer/early.py",
+        "if len(self.first) == self.n and reason is not None and set(self.first) == {reason}:",
+        "if False:",
+        ["tests/test_sglang_backend.py::test_a_systematic_failure_stops_the_run_early_naming_what_was_seen"],
+    ),
+    "early_stop_verdict_ignored": (
+        "recipe/main.py",
+        "        if packer.early.verdict is not None:  # the first samples",
+        "        if False:  # the first samples",
+        ["tests/test_sglang_backend.py::test_a_systematic_failure_stops_the_run_early_naming_what_was_seen"],
+    ),
+    "self_check_judges_each_sample_by_the_firsts_rows": (
+        "recipe/selfcheck.py",
+        "        diff = np.abs(lp[at : at + k] - want)",
+        "        diff = np.abs(lp[:k] - want)",
+        ["tests/test_selfcheck.py::test_samples_judged_together_each_get_their_own_verdict"],
+    ),
 }
 
 

@@ -251,3 +251,76 @@ def test_vocab_map_still_writes_under_its_own_sets_vocab_folder(finished, tmp_pa
     out = fresh(finished, tmp_path / "out")
     assert cli("vocab-map", "--draft-vocab", "32", out, capsys=capsys)[0] == 0
     assert (out / "vocab" / "draft-32" / "d2t.npy").exists() and verify(out) == []
+
+
+def test_vocab_map_never_writes_through_a_link_left_in_its_folder(finished, tmp_path, capsys):
+    out, mine = tmp_path / "vm", tmp_path / "notes.txt"
+    assert cli("vocab-map", "--draft-vocab", "32", "--out", out, finished, capsys=capsys)[0] == 0
+    mine.write_text("the user's")
+    for name in ("d2t.npy", "vocab_mapping.pt"):
+        (out / name).unlink()
+        (out / name).symlink_to(mine)
+    assert cli("vocab-map", "--draft-vocab", "32", "--out", out, finished, capsys=capsys)[0] == 0
+    assert mine.read_text() == "the user's" and not (out / "d2t.npy").is_symlink()
+
+
+def test_rebuild_index_never_writes_through_a_link(finished, tmp_path, capsys):
+    out, mine = fresh(finished, tmp_path / "out"), tmp_path / "notes.txt"
+    mine.write_text("the user's")
+    (out / "index.rebuilt.jsonl").symlink_to(mine)
+    assert cli("rebuild-index", out, capsys=capsys)[0] == 0
+    assert mine.read_text() == "the user's" and len(lines(out)) == len(
+        (out / "index.rebuilt.jsonl").read_text().splitlines()
+    )
+
+
+# the next attacks on the commands that write (docs/guarantees.md lists them) --------------------
+def test_export_into_a_file_or_a_link_to_a_folder_is_refused(finished, tmp_path, capsys):
+    (tmp_path / "file").write_text("the user's")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "link", "is a symbolic link")):
+        code, text = cli("export", "--to", "specforge", finished, out, capsys=capsys)
+        assert code == 2 and says in text
+    assert (tmp_path / "file").read_text() == "the user's" and not any((tmp_path / "empty").iterdir())
+
+
+def test_merging_one_set_twice_keeps_each_sample_once(finished, tmp_path, capsys):
+    assert cli("merge", tmp_path / "m", finished, finished, capsys=capsys)[0] == 0
+    assert served(tmp_path / "m") == served(finished) and verify(tmp_path / "m") == []
+
+
+def test_merge_into_a_folder_holding_an_input_or_a_users_file_is_refused(finished, tmp_path, capsys):
+    inner = fresh(finished, tmp_path / "p" / "in")
+    code, text = cli("merge", tmp_path / "p", inner, capsys=capsys)
+    assert code == 2 and "holds the input" in text and verify(inner) == []
+    (tmp_path / "m" / "shards").mkdir(parents=True)
+    name = f"set000-{lines(finished)[0]['shard']}"
+    (tmp_path / "m" / "shards" / name).write_text("the user's")
+    code, text = cli("merge", tmp_path / "m", finished, capsys=capsys)
+    assert code == 2 and (tmp_path / "m" / "shards" / name).read_text() == "the user's"
+
+
+def test_vocab_map_never_fills_a_users_folder_or_follows_a_linked_default(finished, tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    code, text = cli("vocab-map", "--draft-vocab", "32", "--out", tmp_path / "mine", finished, capsys=capsys)
+    assert code == 2 and "did not write" in text and sorted(os.listdir(tmp_path / "mine")) == ["notes.txt"]
+    out = fresh(finished, tmp_path / "out")
+    (out / "vocab").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (out / "vocab" / "draft-32").symlink_to(tmp_path / "elsewhere")
+    code, text = cli("vocab-map", "--draft-vocab", "32", out, capsys=capsys)
+    assert code == 2 and "not a folder" in text and not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_repair_of_a_set_a_run_is_writing_is_one_line_and_changes_nothing(finished, tmp_path, capsys):
+    import fcntl
+
+    out = fresh(finished, tmp_path / "out")
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with open(out / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the live run
+        code, text = cli("repair", out, capsys=capsys)
+    assert code == 2 and "being written by another process" in text
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -63,3 +63,12 @@ def test_a_softcapped_head_is_judged_through_its_softcap(model):
     lp = torch.log_softmax(10.0 * torch.tanh(logits / 10.0), -1)
     server = [[None, 1]] + [[float(lp[t, ids[t + 1]]), int(ids[t + 1])] for t in range(N - 1)]
     assert judge(capped, "s", ids, final, server).off == 0
+
+
+def test_samples_judged_together_each_get_their_own_verdict(model):
+    from recipe.selfcheck import judge_all
+
+    head, ids, final, early, server = model
+    for order in ((final, early), (early, final)):
+        verdicts = judge_all(head, [(f"s{k}", ids, x, server) for k, x in enumerate(order)])
+        assert [v.ok for v in verdicts] == [x is final for x in order]

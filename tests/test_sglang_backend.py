@@ -330,3 +330,24 @@ def test_a_slow_start_is_reported_with_the_servers_latest_line(tmp_path, monkeyp
         srv.wait_ready()
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for the server")]
     assert len(notes) >= 2 and notes[-1].endswith("its log: shards 2/3")
+
+
+@pytest.mark.parametrize("mode,reason", [("nan_final", "non_finite"), ("graphs", "no_dump")])
+def test_a_systematic_failure_stops_the_run_early_naming_what_was_seen(tmp_path, monkeypatch, mode, reason):
+    """The first 16 samples all failing alike stop the run in one line, long before its 40 are sent."""
+    from recipe.packer.early import EARLY, SystematicFailure
+
+    monkeypatch.setenv("FAKE_SGLANG_MODE", mode)
+    from recipe.backends import sglang as sg
+
+    sent, payload = [], sg.SGLangBackend.payload
+
+    def counted(s, rid, ask=False):
+        sent.append(rid)
+        return payload(s, rid, ask)
+
+    monkeypatch.setattr(sg.SGLangBackend, "payload", staticmethod(counted))
+    cfg = sg_cfg(tmp_path, "data.limit=40", "client.concurrency=2", "capture.dump_timeout_s=1", "client.self_check=0")
+    with pytest.raises(SystematicFailure, match=f"the first {EARLY} samples all failed {reason}") as e:
+        run(cfg)
+    assert "\n" not in str(e.value) and len(sent) < 30

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .early import EarlyStop
 from .messages import DumpPiece
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Books:
         self.failed: collections.Counter = collections.Counter()
         self.examples: dict[str, list[str]] = collections.defaultdict(list)
         self.progress = progress
+        self.early = EarlyStop()  # the first samples all failing for one reason stop the run
 
     def expect(self, rid: str, sample) -> None:
         with self.lock:
@@ -71,6 +73,7 @@ class Books:
         self.progress.failed += 1
         if len(self.examples[key]) < 5:
             self.examples[key].append(f"{p.sample.source} id={p.sample.id}: {reason}")
+        self.early.settled(key, f"sample {p.sample.id}: {reason}"[:300])
         log.warning("sample %s failed: %s", p.sample.id, reason)
 
 

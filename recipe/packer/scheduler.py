@@ -63,6 +63,7 @@ class Packer:
     ok = property(lambda self: self.committer.ok)
     failed = property(lambda self: self.books.failed)
     examples = property(lambda self: self.books.examples)
+    early = property(lambda self: self.books.early)
     error = property(lambda self: self._error or self.committer.error)
 
     def outstanding(self) -> int:
@@ -173,6 +174,7 @@ class Packer:
                 self.codec_error += np.asarray(res.error) if res.error is not None else 0
                 index(self.store, p.sample, res)
                 self.committer.add(p, res.raw)
+                self.books.early.settled(None)
                 self.progress.add(len(p.sample.input_ids), res.raw, res.length)
         return busy
 

@@ -25,7 +25,7 @@ from ..errors import NotAShardSet, UserError, disk_full
 from . import framing
 from .codec import CorruptRecord
 from .reader import ShardReader
-from .store import SHARD_DIR, index_lines, summarize
+from .store import SHARD_DIR, atomic_write, index_lines, summarize
 from .verify import verify
 
 
@@ -198,7 +198,7 @@ def command(argv=None) -> int:
         damaged: list = []
         recs = rebuild_index(a.dir, damaged)
         dest = a.dir / "index.rebuilt.jsonl"
-        dest.write_bytes(index_lines(recs))
+        atomic_write(dest, index_lines(recs))  # a link at dest is replaced, never written through
         for where, why in damaged:
             print(f"  left out {where}: {why}")
         print(f"{len(recs)} samples found in the shards of {a.dir}: {dest} (compare with, or replace, index.jsonl)")

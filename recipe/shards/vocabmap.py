@@ -15,6 +15,7 @@ tests/test_vocabmap.py holds both against the trainers' own functions on the sam
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from ..errors import UserError
 from . import tokencounts
 from .aliasing import set_around
 from .reader import ShardReader
+from .store import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,14 @@ def speculators_ids(counts: tokencounts.Counts, draft: int) -> tuple[list[int], 
     return sorted(ranked), padded
 
 
+def put(path: Path, save) -> None:
+    """A file written whole through `save(file object)`, replacing what is at `path`: a link there is
+    replaced, never written through (an earlier mapping's file may have become a link to the user's)."""
+    buf = io.BytesIO()
+    save(buf)
+    atomic_write(path, buf.getvalue())
+
+
 def mapping(kept: list[int], target: int) -> tuple[np.ndarray, np.ndarray]:
     """d2t (target id - draft id, int64) and t2d (bool over the target vocabulary)."""
     kept_arr = np.asarray(kept, np.int64)
@@ -92,7 +102,8 @@ def write_specforge(dest: Path, counts, draft: int, target: int) -> dict:
 
     kept, padded = specforge_ids(counts, draft)
     d2t, t2d = mapping(kept, target)
-    torch.save({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, dest / "vocab_mapping.pt")
+    pair = {"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}
+    put(dest / "vocab_mapping.pt", lambda f: torch.save(pair, f))
     return {"vocab_mapping.pt": "model.vocab_mapping_path", "padded": padded, "kept": kept}
 
 
@@ -102,9 +113,9 @@ def write_speculators(dest: Path, counts, draft: int, target: int) -> dict:
     kept, padded = speculators_ids(counts, draft)
     d2t, t2d = mapping(kept, target)
     ids, freq = counts.counter()
-    torch.save(dict(zip(ids.tolist(), freq.tolist())), dest / "token_freq.pt")
-    np.save(dest / "d2t.npy", d2t)
-    np.save(dest / "t2d.npy", t2d)
+    put(dest / "token_freq.pt", lambda f: torch.save(dict(zip(ids.tolist(), freq.tolist())), f))
+    put(dest / "d2t.npy", lambda f: np.save(f, d2t))
+    put(dest / "t2d.npy", lambda f: np.save(f, t2d))
     return {"d2t.npy": "--d2t-path", "t2d.npy": "--t2d-path", "padded": padded, "kept": kept}
 
 
@@ -163,5 +174,5 @@ def write(root, dest, draft: int, forms=FORMS, target: int | None = None) -> dic
             log.warning("%s: only %d distinct loss-masked ids for a draft vocabulary of %d: %d ids padded in as "
                         "the trainer pads them", form, counts.ranked, draft, res["padded"])  # fmt: skip
         info[form] = res
-    (dest / "vocab_map.json").write_text(json.dumps(info, indent=2) + "\n")
+    put(dest / "vocab_map.json", lambda f: f.write((json.dumps(info, indent=2) + "\n").encode()))
     return info
