@@ -24,7 +24,7 @@ PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").
 ORDER = ["README.md", "docs/data.md", "docs/configuration.md", "docs/training.md", "docs/scaling.md",
          "docs/guarantees.md", "docs/design.md"]  # fmt: skip
 KINDS = ("cpu", "gpu", "setup")
-SKIP = {"python -m pytest -q": "the test command itself: CI runs it, and it runs this test"}
+SKIP = {"python -m pytest -q -n auto": "the test command itself: CI runs it, and it runs this test"}
 
 
 def blocks(page: str) -> list[tuple[str, list[str]]]:
