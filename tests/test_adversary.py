@@ -22,6 +22,7 @@ from recipe.errors import UserError
 from recipe.main import run
 from recipe.shards import ShardReader
 from recipe.shards.__main__ import main as shards_cli
+from recipe.shards.codec import crc32
 from recipe.shards.verify import verify
 
 N = 8
@@ -111,8 +112,24 @@ def damage(out: Path, rng: random.Random) -> str:
     return "nothing"
 
 
+def vouched(out: Path, frames: dict) -> set:
+    """Samples no readable index line vouches for: every line naming it gives another crc32. Such a
+    record cannot be told from one damaged in its raw low plane (frame B has no checksum of its own, so
+    its line's crc32 is its only proof): a resume redoes it rather than serve it unproven."""
+    idx = out / "index.jsonl"
+    crcs: dict = {}
+    for line in idx.read_text(errors="replace").splitlines() if idx.exists() else []:
+        try:
+            rec = json.loads(line)
+            crcs.setdefault(rec["id"], set()).add(rec["crc32"])
+        except (ValueError, TypeError, KeyError):
+            continue
+    return {sid for sid, seen in crcs.items() if sid in frames and crc32(frames[sid][2]) not in seen}
+
+
 def intact(out: Path, frames: dict) -> set:
-    """Samples whose record bytes still lie where they were written."""
+    """Samples whose record bytes still lie where they were written, and whose index lines (if any
+    name them) still vouch for those bytes."""
     keep = set()
     for sid, (shard, at, frame) in frames.items():
         p = out / "shards" / shard
@@ -121,7 +138,7 @@ def intact(out: Path, frames: dict) -> set:
                 f.seek(at)
                 if f.read(len(frame)) == frame:
                     keep.add(sid)
-    return keep
+    return keep - vouched(out, frames)
 
 
 def every_command(out: Path, tmp: Path) -> None:
