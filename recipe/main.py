@@ -285,9 +285,10 @@ def compute(cfg, job: Job, dump_dir: Path, packer: Packer, stop) -> threading.Th
     if not job.todo:
         return None
     with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
-        backend.run(job.todo, packer, should_stop=lambda: stop.is_set() or packer.early.verdict is not None)
-        if packer.early.verdict is not None:  # the first samples all failed alike: the rest would too
-            raise packer.early.verdict
+        early = packer.books.early  # the first samples all failing alike: the rest would too
+        backend.run(job.todo, packer, should_stop=lambda: stop.is_set() or early.verdict is not None)
+        if early.verdict is not None:
+            raise early.verdict
         packer.progress.computed(packer.outstanding())
         packer.drain(timeout_s=cfg.capture.dump_timeout_s if stop.is_set() else None)
         packer.progress.drained()

@@ -1310,8 +1310,8 @@ MUTATIONS = {
     ),
     "early_stop_verdict_ignored": (
         "recipe/main.py",
-        "        if packer.early.verdict is not None:  # the first samples",
-        "        if False:  # the first samples",
+        "        if early.verdict is not None:\n            raise early.verdict",
+        "        if False:\n            raise early.verdict",
         ["tests/test_sglang_backend.py::test_a_systematic_failure_stops_the_run_early_naming_what_was_seen"],
     ),
     "self_check_judges_each_sample_by_the_firsts_rows": (

@@ -53,8 +53,7 @@ class Packer:
         self.inflight: dict[int, tuple[Pending, int]] = {}  # task id -> (request, worker)
         self.scanner = DumpScanner(self.dump_dir, self.books, dump_timeout_s, self._in_progress, self._dispatch)
         self._error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="packer", daemon=True)
+        self._stop, self._thread = threading.Event(), threading.Thread(target=self._run, name="packer", daemon=True)
         self._tids = itertools.count()
         self.codec_error = np.zeros((2, len(slots)))  # fp8: per slot, squared error and squared norm stored
         b = self.books  # the backend's side: what it sent, what answered, what failed or was retried
@@ -63,7 +62,6 @@ class Packer:
     ok = property(lambda self: self.committer.ok)
     failed = property(lambda self: self.books.failed)
     examples = property(lambda self: self.books.examples)
-    early = property(lambda self: self.books.early)
     error = property(lambda self: self._error or self.committer.error)
 
     def outstanding(self) -> int:
