@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import UserError
 from .reader import ShardReader
 from .store import summarize
+from .tokencounts import read_tokens
 
 FIRST = 5  # samples listed by inspect
 WORDS = 8  # first words of each
@@ -62,7 +63,7 @@ def inspect_text(root: Path) -> str:
     ]
     tok = tokenizer_of(r)
     for rec in r.records[:FIRST]:
-        ids, _ = r.get_numpy(rec["id"])[1]["input_ids"], None
+        ids, _ = read_tokens(r.root, rec)  # the record's first bytes, not its hidden states
         words = text_of(tok, ids[:64]).split()[:WORDS]
         lines.append(f"  {rec['id']}  {rec['tokens']:6d} tokens  {' '.join(words)!r}")
     return "\n".join(lines)
