@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "inspect_stops_at_a_missing_shard": (
+        "recipe/shards/summary.py",
+        '    except (CorruptRecord, OSError):\n        return f"(unreadable',
+        '    except ():\n        return f"(unreadable',
+        ["tests/test_failures.py::test_inspect_still_summarizes_a_set_whose_shard_is_gone"],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

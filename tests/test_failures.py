@@ -177,6 +177,19 @@ def test_inspect_tells_a_newcomer_what_is_in_the_set(finished, capsys):
     assert first["id"] in text and "<|im_start|>" in text  # the first samples, with their first words
 
 
+def test_inspect_still_summarizes_a_set_whose_shard_is_gone(finished, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "set"
+    shutil.copytree(finished, out)
+    first = json.loads((out / "index.jsonl").read_text().splitlines()[0])
+    (out / "shards" / first["shard"]).unlink()
+    assert shards_cli(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"samples  {N}" in text and f"{first['id']}" in text
+    assert f"(unreadable: python -m recipe.shards verify {out})" in text  # names the command that says why
+
+
 def test_show_marks_the_loss_masked_tokens_and_gives_each_slots_norm(finished, capsys):
     from recipe.shards import ShardReader
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from .codec import CorruptRecord
 from .reader import ShardReader
 from .store import summarize
 from .tokencounts import read_tokens
@@ -63,10 +64,18 @@ def inspect_text(root: Path) -> str:
     ]
     tok = tokenizer_of(r)
     for rec in r.records[:FIRST]:
-        ids, _ = read_tokens(r.root, rec)  # the record's first bytes, not its hidden states
-        words = text_of(tok, ids[:64]).split()[:WORDS]
-        lines.append(f"  {rec['id']}  {rec['tokens']:6d} tokens  {' '.join(words)!r}")
+        lines.append(f"  {rec['id']}  {rec['tokens']:6d} tokens  {first_words(r.root, rec, tok)}")
     return "\n".join(lines)
+
+
+def first_words(root: Path, rec: dict, tok) -> str:
+    """A listed sample's first words, from its record's first bytes (not its hidden states); a summary
+    still prints where the record is damaged or its shard gone, and names the command that says why."""
+    try:
+        ids, _ = read_tokens(root, rec)
+    except (CorruptRecord, OSError):
+        return f"(unreadable: python -m recipe.shards verify {root})"
+    return repr(" ".join(text_of(tok, ids[:64]).split()[:WORDS]))
 
 
 def show_text(root: Path, sample_id: str) -> str:
