@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import preflight, schema, units
 from .backends import make_backend
+from .capture import presets
 from .capture.architectures import refuse_undumped
 from .capture.dumpdir import dump_dir as owned_dump_dir
 from .data import Plan, build_plan, sample_key
@@ -114,6 +115,7 @@ def plan(cfg) -> Job:
     if cfg.backend.name == "sglang":  # a class the patched server serves without dumping: refused here
         refuse_undumped(model_dir)
     shape = read_model_shape(cfg, model_dir)
+    presets.apply(cfg, shape.num_layers)  # capture=dflash / dspark: the layers, from the depth
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
     t0 = time.monotonic()
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)

@@ -93,6 +93,7 @@ class NcclConfig:
 class CaptureConfig:
     layers: List[int] = MISSING  # residual stream ENTERING layer i (= HF hidden_states[i]); ascending
     final: bool = True  # also the last hidden state after the final norm
+    spread: int = 0  # > 0: that many layers spread over the depth as DFlash picks them (recipe/capture/presets.py)
     convention: str = CONVENTION
     dump_dir: str = MISSING  # a RAM disk; each run works in its own subfolder and removes it
     budget_gb: float = 8.0  # raw dumps held at most; producers wait beyond it
@@ -202,6 +203,7 @@ def validate(cfg) -> None:
         (s.commit_every >= 1, f"shards.commit_every={s.commit_every} must be >= 1"),
         (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),
         (c.budget_gb > 0, f"capture.budget_gb={c.budget_gb} must be > 0"),
+        (c.spread >= 0, f"capture.spread={c.spread} must be >= 0 (0: capture.layers as given)"),
         (c.dump_timeout_s > 0, f"capture.dump_timeout_s={c.dump_timeout_s} must be > 0"),
         (c.writer_queue >= 1, f"capture.writer_queue={c.writer_queue} must be >= 1"),
         (c.writer_threads >= 1, f"capture.writer_threads={c.writer_threads} must be >= 1"),
@@ -227,7 +229,7 @@ def check_layers(cfg, num_layers: int | None = None) -> None:
     """The capture against the model's depth (once it is known: it may come from config.json)."""
     c, layers = cfg.capture, list(cfg.capture.layers)
     n = num_layers if num_layers is not None else cfg.model.num_layers
-    if not layers and not c.final:
+    if not layers and not c.final and not c.spread:
         raise ConfigError("capture.layers is empty and capture.final is false: nothing to capture")
     if layers != sorted(set(layers)):
         raise ConfigError(f"capture.layers must be ascending and unique, got {layers}")
@@ -264,7 +266,8 @@ def run_name(*, _root_) -> str:
     c, d = _root_.capture, _root_.data
     name = (
         f"{_root_.model.name}/{data_tag(d.sources)}/"
-        f"layers-{'-'.join(str(i) for i in c.layers) or 'none'}{'+final' if c.final else ''}"
+        f"layers-{'-'.join(str(i) for i in c.layers) or (f'spread{c.spread}' if c.spread else 'none')}"
+        f"{'+final' if c.final else ''}"
         f"{'' if _root_.shards.codec == 'lossless' else '+' + str(_root_.shards.codec)}"  # another codec: its own
     )
     return name + (f"/part-{d.shard_index}-of-{d.num_shards}" if d.num_shards > 1 else "")

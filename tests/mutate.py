@@ -29,6 +29,40 @@ MUTATIONS = {
         '    except ():\n        return f"(unreadable',
         ["tests/test_failures.py::test_inspect_still_summarizes_a_set_whose_shard_is_gone"],
     ),
+    "dflash_spread_in_their_numbering": (
+        "recipe/capture/presets.py",
+        "(k - 1))) + 1 for i in range(k)]",
+        "(k - 1))) for i in range(k)]",
+        ["tests/test_presets.py::test_the_spread_is_dflashs_own_choice_plus_one"],
+    ),
+    "preset_overrides_the_users_layers": (
+        "recipe/capture/presets.py",
+        "    if list(cfg.capture.layers):",
+        "    if False:",
+        ["tests/test_presets.py::test_a_preset_is_refused_in_one_line_where_it_cannot_be_taken"],
+    ),
+    "preset_takes_a_shallow_models_repeats": (
+        "recipe/capture/presets.py",
+        "    if len(set(layers)) < k or num_layers < 4:",
+        "    if False:",
+        ["tests/test_presets.py::test_a_preset_is_refused_in_one_line_where_it_cannot_be_taken"],
+    ),
+    "hf_misses_a_wrapped_language_model": (
+        "recipe/backends/hf.py",
+        'LANGUAGE_MODEL = {r"^model\\.language_model\\.": "model.", ',
+        "LANGUAGE_MODEL = {",
+        [
+            "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-gemma-4]"
+        ],
+    ),
+    "hf_takes_a_text_model_transformers_has_no_class_for": (
+        "recipe/backends/hf.py",
+        "    if not has_causal_lm(text):",
+        "    if False:",
+        [
+            "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-qwen3-vl]"
+        ],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

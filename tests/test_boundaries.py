@@ -168,6 +168,7 @@ THROUGH_ITS_INPUTS = {  # in the identity through what they name: the files' has
     "model.hidden_size": "likewise",
     "model.dtype": "refused unless bfloat16, the only dtype the format holds",
     "model.default_layers": "the default of capture.layers",
+    "capture.spread": "the layers it spreads, set as capture.layers before the identity is made",
 }
 LEAVES_NOTHING = {  # how a set is made, or where: the samples stay the same samples
     "model.name", "data.limit", "data.max_failures", "capture.dump_dir",

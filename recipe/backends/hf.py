@@ -20,8 +20,14 @@ from ..int4 import quantization_of, write_dequantized
 from ..schema import CaptureConfig, HFBackendConfig
 
 log = logging.getLogger(__name__)
-# what a multimodal checkpoint holds beside its language model: Kimi-K2.5's, Llama-4's
-VISION = ("vision_tower.", "mm_projector.", "vision_model.", "multi_modal_projector.")
+# what a multimodal checkpoint holds beside its language model: Kimi-K2.5's, Llama-4's, and transformers
+# 5's wrappers' (Qwen3.5's `model.visual.`, Gemma-4's `model.vision_tower.` and `model.embed_vision.`)
+VISION = ("vision_tower.", "mm_projector.", "vision_model.", "multi_modal_projector.", "model.visual.",
+          "model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")  # fmt: skip
+# where a wrapper keeps its language model: Kimi-K2.5 and Llama-4 under `language_model.`, transformers 5's
+# under `model.language_model.` (Qwen3.5's text class maps that itself, Gemma-4's does not); the text
+# model's own class names it `model.`
+LANGUAGE_MODEL = {r"^model\.language_model\.": "model.", r"^language_model\.": ""}
 
 
 def batches(samples, max_tokens: int, max_size: int):
@@ -54,6 +60,8 @@ def load_causal_lm(model_dir, dtype, **kw):
     # INT4 routed experts (Kimi-K2.5 as shipped) are read as the bf16 weights they stand for, so HF
     # computes the model SGLang serves: dequantized into a temporary folder, loaded from there.
     text = dict(outer["text_config"])
+    if not has_causal_lm(text):  # Qwen3-VL: transformers has no causal LM for its text model alone
+        return whole_wrapper(model_dir, outer, dtype, **kw)
     quantized = quantization_of(text)
     text.pop("quantization_config", None)
     verbosity = hf_logging.get_verbosity()
@@ -68,7 +76,7 @@ def load_causal_lm(model_dir, dtype, **kw):
                 tmp if quantized else model_dir,
                 config=AutoConfig.for_model(**text),
                 dtype=dtype,
-                key_mapping={r"^language_model\.": ""},
+                key_mapping=LANGUAGE_MODEL,
                 output_loading_info=True,
                 **kw,
             )
@@ -82,6 +90,24 @@ def load_causal_lm(model_dir, dtype, **kw):
             f"mismatched {list(info['mismatched_keys'])[:3]}"
         )
     return model
+
+
+def has_causal_lm(text: dict) -> bool:
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return type(AutoConfig.for_model(**text)) in MODEL_FOR_CAUSAL_LM_MAPPING
+
+
+def whole_wrapper(model_dir, outer: dict, dtype, **kw):
+    """The checkpoint's own multimodal class, vision tower and all: text-only input runs its language
+    model alone, and its hidden states are that model's."""
+    import transformers
+
+    arch = (outer.get("architectures") or [""])[0]
+    if not hasattr(transformers, arch):
+        raise RuntimeError(f"{model_dir}: transformers has no class {arch!r} to load this checkpoint with")
+    return getattr(transformers, arch).from_pretrained(model_dir, dtype=dtype, **kw)
 
 
 class HFBackend:
@@ -109,11 +135,12 @@ class HFBackend:
         t0 = time.monotonic()
         self.model = load_causal_lm(model_dir, getattr(torch, dtype), **kw).to(self.device).eval()
         log.info("model loaded in %.1f s", time.monotonic() - t0)
-        self.num_layers = self.model.config.num_hidden_layers
+        text = self.model.config.get_text_config()  # a multimodal wrapper's language model's
+        self.num_layers = text.num_hidden_layers
         self.layers, self.final = list(layers), final
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
         # a batch is written into the dump folder as one pass: keep it within the dump budget
-        per_token = (len(self.layers) + int(final)) * self.model.config.hidden_size * 2 + 5
+        per_token = (len(self.layers) + int(final)) * text.hidden_size * 2 + 5
         if budget_bytes:
             self.batch_tokens = max(1, min(batch_tokens, budget_bytes // per_token))
         self.rid_prefix = rid_prefix

@@ -21,23 +21,31 @@ from ..errors import ModelDirError
 from . import (  # noqa: I001
     common,
     deepseek_v3,
+    deepseek_v32,
     gemma3,
+    gemma4,
     glm4_moe,
+    glm5,
     gpt_oss,
     kimi_k25,
     llama,
     llama4,
     minimax_m2,
     mistral,
+    phi3,
     qwen2,
     qwen3,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_moe,
     qwen3_next,
+    qwen3_vl,
 )
 
 log = logging.getLogger(__name__)
 
 FAMILIES = (llama, qwen3, deepseek_v3, kimi_k25, qwen2, gpt_oss, glm4_moe, minimax_m2, llama4, gemma3, qwen3_next,
-            mistral)  # fmt: skip
+            mistral, qwen3_moe, qwen3_5, qwen3_5_moe, gemma4, deepseek_v32, glm5, phi3, qwen3_vl)  # fmt: skip
 BUILTIN = {name: (family, variant) for family in FAMILIES for name, variant in family.MODELS.items()}
 VOCAB = common.vocab_size(llama.SPECIALS)  # the default tokenizer's (tiny-llama, tiny-deepseek-v3)
 CACHE_VERSION = "v5"  # v2: norm weights != 1; v3: per-expert names; v4: one module per family, zero vectors drawn;

@@ -11,6 +11,7 @@
 #   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
 #   bash tests/gpu/device.sh driverless # the image build's patch smoke with no GPU, then no driver -> $OUT/driverless.jsonl
 #   bash tests/gpu/device.sh families   # tests/gpu/families.py: every built-in family vs HF -> $OUT/families.json, log
+#   bash tests/gpu/device.sh moe-nan    # tests/gpu/moe_nan.py: Qwen3-MoE shapes with NaN states -> $OUT/moe_nan.json
 # SpecForge's pinned SGLang (tests/gpu/stage-peer.sh -> .gpu-wheels/p1, p2, p3) goes to /tmp/peer, apart.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -51,6 +52,9 @@ case "${1:-install}" in
   families)
     GPU_NAME="$(cat "$OUT/gpu.txt")" timeout 585 python3 tests/gpu/families.py --out "$OUT/families.json" "${@:2}" 2>&1 \
       | tee "$OUT/families.log" | grep -v "HTTP Request" | tail -40 ;;
+  moe-nan)
+    [ -f "${MOE_NAN_DONE:-}" ] && cp "$MOE_NAN_DONE" "$OUT/moe_nan.json"   # arms recorded before: skipped
+    timeout 585 python3 tests/gpu/moe_nan.py --out "$OUT/moe_nan.json" "${@:2}" 2>&1 | tee "$OUT/moe_nan.log" | tail -20 ;;
   bench)
     timeout 570 python3 bench/prefill.py --out "$OUT/bench.json" "${@:2}" 2>&1 | tee "$OUT/bench.log" | grep -v "HTTP Request" | tail -40
     for f in /tmp/bench/logs-*/server.log; do echo "=== $f"; tail -n 80 "$f"; done > "$OUT/bench-servers.log" 2>&1 ;;
