@@ -67,6 +67,7 @@ class Sample:
     source: str  # "file:line"
     key: str = ""  # resume key: hash of (model, capture, token ids), set by build_plan's key_of
     truncated: bool = False
+    conversation: tuple | None = None  # (messages, tools) while the target is still to rewrite it
 
 
 @dataclass
@@ -530,7 +531,8 @@ def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: 
     same = seen_tokens.setdefault(hashlib.sha256(ids.tobytes()).digest(), sid)
     if same != sid:
         raise BadRecord("duplicate", f"the same tokens as an earlier record (id {same})")
-    return Sample(sid, ids, mask, where, truncated=truncated)
+    rewrite = (msgs, tools) if data_cfg.regenerate.turns != "off" else None  # recipe/regenerate.py
+    return Sample(sid, ids, mask, where, truncated=truncated, conversation=rewrite)
 
 
 def check_plan(plan: Plan, data_cfg) -> None:

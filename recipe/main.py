@@ -43,6 +43,7 @@ from .provenance import (
     tokenizer_provenance,  # fmt: skip
     versions,
 )
+from .regenerate import Regenerator
 from .shards.aliasing import set_around
 from .shards.codec import Codec
 from .shards.store import ShardStore
@@ -62,9 +63,10 @@ class Job:
     model_dir: Path
     shape: ModelShape
     plan: Plan
-    todo: list  # samples not stored yet
+    todo: list  # samples not stored yet (with data.regenerate, some still to be written by the target)
     store: ShardStore
     slots: list[str]
+    regen: Regenerator | None = None
 
 
 @dataclass
@@ -136,6 +138,10 @@ def plan(cfg) -> Job:
     )
     with contextlib.ExitStack() as on_error:
         on_error.callback(store.close)
+        regen = None
+        if cfg.data.regenerate.turns != "off":  # the turns already regenerated, from the file beside the shards
+            regen = Regenerator.open(cfg.data, tokenizer, out, lambda ids: sample_key(fp, cap, ids))
+            regen.settle(the_plan)
         store.settle(the_plan.samples)
         log_repairs(store)
         todo = [s for s in the_plan.samples if s.key not in store.keys]
@@ -150,7 +156,7 @@ def plan(cfg) -> Job:
         )
         preflight.check(todo, len(cap["slots"]), shape.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb)
         on_error.pop_all()
-    return Job(model_dir, shape, the_plan, todo, store, cap["slots"])
+    return Job(model_dir, shape, the_plan, todo, store, cap["slots"], regen)
 
 
 def load_tokenizer(model_dir: Path, trust_remote_code: bool):
@@ -287,6 +293,8 @@ def compute(cfg, job: Job, dump_dir: Path, packer: Packer, stop) -> threading.Th
     if not job.todo:
         return None
     with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
+        if job.regen is not None:  # the target writes the turns still to write; the capture prefills them
+            job.regen.complete(job, backend, stop)
         early = packer.books.early  # the first samples all failing alike: the rest would too
         backend.run(job.todo, packer, should_stop=lambda: stop.is_set() or early.verdict is not None)
         if early.verdict is not None:

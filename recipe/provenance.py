@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from . import __version__
 from .data import file_sha256
+from .regenerate import settings as regen_settings
 from .shards.codec import FORMAT_VERSION
 
 
@@ -87,6 +88,8 @@ def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dic
                 if cfg.data.chat_template_kwargs
                 else {}
             ),
+            # only when on: a set of the answers as given keeps its identity, and never mixes with these
+            **({"regenerate": regen_settings(cfg.data.regenerate)} if cfg.data.regenerate.turns != "off" else {}),
         },
     }
 

@@ -24,6 +24,27 @@ class Overflow(str, Enum):
     skip = "skip"  # count the record as skipped (too_long)
 
 
+class Turns(str, Enum):
+    off = "off"  # capture the conversations as given
+    last = "last"  # the target rewrites each record's last assistant turn
+    all = "all"  # the target rewrites every assistant turn, turn by turn
+
+
+class Cut(str, Enum):
+    keep = "keep"  # a turn that reaches max_new_tokens is kept as cut, and the conversation ends there
+    skip = "skip"  # the record is skipped (regenerate_cut)
+
+
+@dataclass
+class RegenerateConfig:  # recipe/regenerate.py; reasoning on or off: data.chat_template_kwargs
+    turns: Turns = Turns.off
+    temperature: float = 0.7  # 0: greedy
+    top_p: float = 0.95
+    max_new_tokens: int = 2048
+    seed: int = 0  # each turn's seed comes from it, the record and the turn: the same on a resume
+    cut: Cut = Cut.keep
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -116,6 +137,7 @@ class DataConfig:
     num_shards: int = 1
     max_failures: float = 0.01  # invalid records allowed: a count (>= 1), or a fraction (< 1) but at least 10; 0 = none
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {thinking: false} (Kimi instant)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)  # off unless turns: last or all
 
 
 @dataclass
@@ -185,6 +207,7 @@ def validate(cfg) -> None:
             f"unknown config key(s) {', '.join(unknown)}: a typo? `python -m recipe --cfg job` prints every key"
         )
     d, s, c, cl, srv = cfg.data, cfg.shards, cfg.capture, cfg.client, cfg.server
+    rg = d.regenerate
     checks = [
         (d.max_length >= 1, f"data.max_length={d.max_length} must be >= 1"),
         (d.limit is None or d.limit >= 1, f"data.limit={d.limit} must be >= 1 (or null for all)"),
@@ -202,6 +225,9 @@ def validate(cfg) -> None:
         (s.workers >= 1, f"shards.workers={s.workers} must be >= 1"),
         (s.commit_every >= 1, f"shards.commit_every={s.commit_every} must be >= 1"),
         (s.max_shard_gb > 0, f"shards.max_shard_gb={s.max_shard_gb} must be > 0"),
+        (rg.temperature >= 0, f"data.regenerate.temperature={rg.temperature} must be >= 0 (0: greedy)"),
+        (0 < rg.top_p <= 1, f"data.regenerate.top_p={rg.top_p} must be in (0, 1]"),
+        (rg.max_new_tokens >= 1, f"data.regenerate.max_new_tokens={rg.max_new_tokens} must be >= 1"),
         (c.budget_gb > 0, f"capture.budget_gb={c.budget_gb} must be > 0"),
         (c.spread >= 0, f"capture.spread={c.spread} must be >= 0 (0: capture.layers as given)"),
         (c.dump_timeout_s > 0, f"capture.dump_timeout_s={c.dump_timeout_s} must be > 0"),
@@ -264,8 +290,10 @@ def run_name(*, _root_) -> str:
     resumes; other data or another capture lands in a folder of its own (and the store's identity check
     refuses a set it does not match)."""
     c, d = _root_.capture, _root_.data
+    turns = str(getattr(d.regenerate.turns, "value", d.regenerate.turns))
+    regen = "" if turns == "off" else f"+regen-{turns}"  # the target's own answers: a folder apart
     name = (
-        f"{_root_.model.name}/{data_tag(d.sources)}/"
+        f"{_root_.model.name}/{data_tag(d.sources)}{regen}/"
         f"layers-{'-'.join(str(i) for i in c.layers) or (f'spread{c.spread}' if c.spread else 'none')}"
         f"{'+final' if c.final else ''}"
         f"{'' if _root_.shards.codec == 'lossless' else '+' + str(_root_.shards.codec)}"  # another codec: its own

@@ -63,6 +63,52 @@ MUTATIONS = {
             "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-qwen3-vl]"
         ],
     ),
+    "regenerate_trains_the_prompt_too": (
+        "recipe/regenerate.py",
+        "ids, mask = ids + piece, mask + [0] * len(piece)",
+        "ids, mask = ids + piece, mask + [1] * len(piece)",
+        [
+            "tests/test_regenerate.py::test_stored_ids_are_the_prompts_ids_then_the_generated_ids_and_only_those_are_trained"
+        ],
+    ),
+    "regenerate_stores_its_text_retokenized": (
+        "recipe/regenerate.py",
+        'ids, mask = ids + turn["generated"], ',
+        'ids, mask = ids + self.tokenizer.encode(self.tokenizer.decode(turn["generated"]), add_special_tokens=False), ',
+        [
+            "tests/test_regenerate.py::test_stored_ids_are_the_prompts_ids_then_the_generated_ids_and_only_those_are_trained"
+        ],
+    ),
+    "regenerate_forgets_its_file_on_a_resume": (
+        "recipe/regenerate.py",
+        "turn = self.journal.turns.get((s.id, k))",
+        "turn = None",
+        ["tests/test_regenerate.py::test_a_resume_after_a_kill_between_regeneration_and_capture_writes_no_turn_again"],
+    ),
+    "regenerate_trips_on_a_torn_line": (
+        "recipe/regenerate.py",
+        'whole = data[: data.rfind(b"\\n") + 1]',
+        "whole = data",
+        ["tests/test_regenerate.py::test_a_torn_last_line_is_written_again_and_the_file_goes_on_whole"],
+    ),
+    "regenerate_leaves_the_identity": (
+        "recipe/provenance.py",
+        'if cfg.data.regenerate.turns != "off" else {}',
+        "if False else {}",
+        ["tests/test_regenerate.py::test_regenerated_and_original_answers_never_share_a_set"],
+    ),
+    "regenerate_keeps_a_cut_turn_it_should_skip": (
+        "recipe/regenerate.py",
+        'if self.data_cfg.regenerate.cut == "skip":',
+        "if False:",
+        ["tests/test_regenerate.py::test_a_turn_cut_at_max_new_tokens_is_kept_as_cut_or_its_record_skipped"],
+    ),
+    "regenerate_stops_after_the_first_turn": (
+        "recipe/regenerate.py",
+        "            done = full[: spans[-1][1]]\n",
+        "            done = full[: spans[-1][1]]\n            break\n",
+        ["tests/test_regenerate.py::test_all_turns_are_written_turn_by_turn_each_prompt_the_stored_ids_so_far"],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

@@ -169,6 +169,10 @@ THROUGH_ITS_INPUTS = {  # in the identity through what they name: the files' has
     "model.dtype": "refused unless bfloat16, the only dtype the format holds",
     "model.default_layers": "the default of capture.layers",
     "capture.spread": "the layers it spreads, set as capture.layers before the identity is made",
+    **{
+        f"data.regenerate.{k}": "in the identity once turns is not off (tests/test_regenerate.py)"
+        for k in ("turns", "temperature", "top_p", "max_new_tokens", "seed", "cut")
+    },
 }
 LEAVES_NOTHING = {  # how a set is made, or where: the samples stay the same samples
     "model.name", "data.limit", "data.max_failures", "capture.dump_dir",

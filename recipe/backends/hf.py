@@ -195,6 +195,21 @@ class HFBackend:
         stacked = torch.stack(picks, dim=2)  # [B, T, slots, H]
         return [stacked[i, : lens[i]].to("cpu") for i in range(len(lens))]
 
+    def generate(self, prompt: list[int], seed: int, regen, stop: int) -> list[int]:
+        """The target's answer to `prompt` as token ids, sampled with data.regenerate's settings and
+        this turn's seed; it ends with `stop` unless it reached max_new_tokens."""
+        torch = self.torch
+        torch.manual_seed(seed)
+        ids = torch.as_tensor([prompt], dtype=torch.long, device=self.device)
+        sample = regen.temperature > 0
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=regen.max_new_tokens,
+                do_sample=sample, temperature=regen.temperature if sample else None,
+                top_p=regen.top_p if sample else None, top_k=None, eos_token_id=stop, pad_token_id=stop,
+            )  # fmt: skip
+        return out[0, len(prompt) :].tolist()
+
     def run(self, samples, sink, should_stop=lambda: False) -> None:
         if self.writer is None:
             raise RuntimeError("HFBackend.run needs dump_dir: it writes each batch there as the server would")
