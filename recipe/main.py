@@ -293,10 +293,9 @@ def compute(cfg, job: Job, dump_dir: Path, packer: Packer, stop) -> threading.Th
     if not job.todo:
         return None
     with make_backend(cfg, job.model_dir, dump_dir, Path(cfg.output_dir)) as backend:
-        if job.regen is not None:  # the target writes the turns still to write; the capture prefills them
-            job.regen.complete(job, backend, stop)
+        todo = job.todo if job.regen is None else job.regen.complete(job, backend, stop)  # the target's turns
         early = packer.books.early  # the first samples all failing alike: the rest would too
-        backend.run(job.todo, packer, should_stop=lambda: stop.is_set() or early.verdict is not None)
+        backend.run(todo, packer, should_stop=lambda: stop.is_set() or early.verdict is not None)
         if early.verdict is not None:
             raise early.verdict
         packer.progress.computed(packer.outstanding())

@@ -24,7 +24,9 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +70,7 @@ class Journal:
     def __init__(self, out: Path, regen: dict):
         self.path = Path(out) / FILE
         self.turns: dict[tuple[str, int], dict] = {}
+        self.lock = threading.Lock()  # records are written side by side (backend.generate_workers)
         if self.path.exists():
             self._read(regen)
         if not self.path.exists() or not self.path.stat().st_size:
@@ -91,7 +94,7 @@ class Journal:
                 f.truncate(len(whole))
 
     def _append(self, row: dict) -> None:
-        with open(self.path, "ab") as f:
+        with self.lock, open(self.path, "ab") as f:
             f.write(json.dumps(row, ensure_ascii=False).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
@@ -144,29 +147,42 @@ class Regenerator:
             kept.append(r if r is not None else dataclasses.replace(s, key=""))
         plan.samples[:] = kept
 
-    def complete(self, job, backend, stop) -> None:
-        """The target writes every turn still to write, through the backend; job.todo then holds what the
-        capture prefills. A stop leaves the rest unwritten (not done), in the file's order."""
+    def complete(self, job, backend, stop) -> list[Sample]:
+        """The target writes every turn still to write, through the backend (backend.generate_workers
+        records at once); returns what the capture prefills. A stop, or a record whose turn the backend
+        failed to write, leaves that record not done (job.todo keeps it: the run says so, a resume
+        writes it), and never sends its original answers to the capture."""
         generate = functools.partial(backend.generate, regen=self.data_cfg.regenerate, stop=self.stop)
         at = {s.id: i for i, s in enumerate(job.plan.samples)}
-        todo, left, t0 = [], list(job.todo), time.monotonic()
-        while left and not stop.is_set():
-            s = left.pop(0)
-            if s.conversation is None:  # rebuilt from the file at plan time
-                todo.append(s)
-                continue
-            try:
-                r = self.sample(s, lambda ids, seed: generate(ids, seed))
-            except BadRecord as e:
-                job.plan.skip(e.reason, s.source, str(e))
-                job.plan.samples[at[s.id]] = None
-                continue
-            job.plan.samples[at[s.id]] = r
-            if r.key not in job.store.keys:
-                todo.append(r)
-            self.journal.progress(len(job.todo) - len(left), len(job.todo), t0)
+        ready = [s for s in job.todo if s.conversation is None]  # rebuilt from the file at plan time
+        left, unwritten, t0 = [s for s in job.todo if s.conversation is not None], [], time.monotonic()
+        if left and hasattr(backend, "up"):  # a server launched from this thread: one launched from a pool
+            backend.up()  # thread gets its parent-death signal when that thread ends, mid-run
+        with ThreadPoolExecutor(getattr(backend, "generate_workers", 1)) as pool:
+            jobs = {pool.submit(self.sample, s, generate): s for s in left}
+            for n, f in enumerate(as_completed(jobs), 1):
+                s = jobs[f]
+                if stop.is_set():
+                    pool.shutdown(cancel_futures=True)
+                if f.cancelled():
+                    unwritten.append(s)
+                    continue
+                try:
+                    r = f.result()
+                except BadRecord as e:
+                    job.plan.skip(e.reason, s.source, str(e))
+                    job.plan.samples[at[s.id]] = None
+                    continue
+                except Exception as e:  # noqa: BLE001  (the server failed this turn: the record is not done)
+                    log.error("regenerating %s failed: %s: %s", s.id, type(e).__name__, e)
+                    unwritten.append(s)
+                    continue
+                job.plan.samples[at[s.id]] = r
+                ready += [r] if r.key not in job.store.keys else []
+                self.journal.progress(n, len(left), t0)
         job.plan.samples[:] = [x for x in job.plan.samples if x is not None]
-        job.todo = todo + left
+        job.todo = ready + unwritten
+        return ready
 
     def sample(self, s: Sample, generate=None) -> Sample | None:
         """The sample as the target wrote it; None where a turn is still to generate and no `generate`

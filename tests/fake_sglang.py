@@ -225,6 +225,31 @@ def response_meta(model, req: dict) -> dict:
     return meta
 
 
+DECODING = threading.Lock()
+
+
+def decode(model, req: dict) -> list[int]:
+    """A generation request's answer (data.regenerate's): what HF samples from the prompt with the
+    request's seed and settings, up to its stop token, kept (no_stop_trim). Decode passes are not the
+    hook's: SGLang replays them as CUDA graphs, and the seam acts on extend passes only."""
+    sp = req.get("sampling_params") or {}
+    n, stop = int(sp.get("max_new_tokens") or 0), (sp.get("stop_token_ids") or [None])[0]
+    if n == 0 or req.get("return_logprob"):
+        return []
+    sample = float(sp.get("temperature", 1.0)) > 0
+    with DECODING, torch.inference_mode():  # the seed is per request, as SGLang's sampling_seed is
+        torch.manual_seed(int(sp.get("sampling_seed", 0)))
+        out = model.hf.generate(input_ids=torch.as_tensor([req["input_ids"]]), max_new_tokens=n, do_sample=sample,
+                                temperature=sp.get("temperature") if sample else None, top_p=sp.get("top_p") if sample
+                                else None, top_k=None, eos_token_id=stop, pad_token_id=0)  # fmt: skip
+    return out[0, len(req["input_ids"]) :].tolist()
+
+
+def finish(req: dict, out: list[int]) -> dict:
+    stop = ((req.get("sampling_params") or {}).get("stop_token_ids") or [None])[0]
+    return {"type": "stop", "matched": stop} if out and out[-1] == stop else {"type": "length", "length": len(out)}
+
+
 def make_handler(model, sched, ready: threading.Event):
     count = {"n": 0}
 
@@ -254,8 +279,11 @@ def make_handler(model, sched, ready: threading.Event):
             inject_faults(sched, count["n"])
             if "flaky500" in MODES and "-r" not in req["rid"]:
                 return self.reply(500, {"error": "injected"})
-            sched.submit(req["rid"], req["input_ids"])
-            self.reply(200, {"text": "", "output_ids": [], "meta_info": response_meta(model, req)})
+            sched.submit(req["rid"], req["input_ids"])  # the prefill, through the seam
+            out, meta = decode(model, req), response_meta(model, req)
+            if out:
+                meta.update(completion_tokens=len(out), finish_reason=finish(req, out))
+            self.reply(200, {"text": "", "output_ids": out, "meta_info": meta})
 
     return H
 

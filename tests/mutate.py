@@ -109,6 +109,14 @@ MUTATIONS = {
         "            done = full[: spans[-1][1]]\n            break\n",
         ["tests/test_regenerate.py::test_all_turns_are_written_turn_by_turn_each_prompt_the_stored_ids_so_far"],
     ),
+    "regenerate_launches_the_server_from_a_pool_thread": (
+        "recipe/regenerate.py",
+        "            backend.up()  # thread",
+        "            pass  # thread",
+        [
+            "tests/test_regenerate.py::test_through_the_server_the_answers_are_the_servers_ids_and_no_generation_pass_is_dumped"
+        ],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

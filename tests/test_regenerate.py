@@ -143,3 +143,29 @@ def test_every_regeneration_setting_is_in_the_identity_once_it_is_on():
 def test_a_turn_cut_at_max_new_tokens_is_kept_as_cut_or_its_record_skipped(tmp_path, cut, ok, skipped):
     counts = run(small_run_cfg(tmp_path, *LAST, f"data.regenerate.cut={cut}", "data.max_failures=10", limit=3))
     assert counts["ok"] == ok and counts["skipped"].get("regenerate_cut", 0) == skipped
+
+
+def test_through_the_server_the_answers_are_the_servers_ids_and_no_generation_pass_is_dumped(
+    tmp_path, tokenizer, caplog
+):
+    """backend=sglang (the fake server driving the real seam): each turn is one /generate request whose
+    rid the hook does not dump; the capture stores the prompt's ids then the ids the server returned."""
+    from test_sglang_backend import sg_cfg
+
+    cfg = sg_cfg(tmp_path, *LAST, "data.limit=4", "client.self_check=0")
+    counts = run(cfg)
+    assert counts["ok"] == 4 and not counts["failed"]  # a dumped generation would be a rid the run never sent
+    assert "server died" not in caplog.text and "retrying" not in caplog.text  # one server, up throughout
+    r, turns = ShardReader(tmp_path / "out"), {t["id"]: t for t in rows(tmp_path / "out", "turn")}
+    model = load_causal_lm(r.manifest["model"]["path"], torch.bfloat16)
+    for sid in r.ids:
+        x, t = r.get(sid), turns[sid]
+        n = len(x["input_ids"]) - len(t["generated"])
+        assert x["input_ids"].tolist()[n:] == t["generated"] and x["loss_mask"].tolist() == [0] * n + [1] * (
+            len(t["generated"])
+        )
+        torch.manual_seed(turn_seed(0, sid, t["message"]))
+        again = model.generate(input_ids=x["input_ids"][None, :n].long(), max_new_tokens=16, do_sample=True,
+                               temperature=0.7, top_p=0.95, top_k=None, eos_token_id=stop_token(tokenizer),
+                               pad_token_id=0)  # fmt: skip
+        assert again[0, n:].tolist() == t["generated"]

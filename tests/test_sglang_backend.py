@@ -192,7 +192,7 @@ def test_the_self_checks_requests_are_answered_before_the_others_go_out(tmp_path
     from recipe import selfcheck
     from recipe.backends import sglang as sg
 
-    events, payload, answered = [], sg.SGLangBackend.payload, selfcheck.SelfCheck.answered
+    events, payload, answered = [], sg.request, selfcheck.SelfCheck.answered
 
     def sent(s, rid, ask=False):
         events.append("ask" if ask else "send")
@@ -202,7 +202,7 @@ def test_the_self_checks_requests_are_answered_before_the_others_go_out(tmp_path
         events.append("answered")
         return answered(self, sample, meta)
 
-    monkeypatch.setattr(sg.SGLangBackend, "payload", staticmethod(sent))
+    monkeypatch.setattr(sg, "request", sent)
     monkeypatch.setattr(selfcheck.SelfCheck, "answered", got)
     assert run(sg_cfg(tmp_path, "data.limit=8", "client.self_check=3"))["ok"] == 8
     assert sorted(events[:6]) == ["answered"] * 3 + ["ask"] * 3 and events[6:] == ["send"] * 5
@@ -340,13 +340,13 @@ def test_a_systematic_failure_stops_the_run_early_naming_what_was_seen(tmp_path,
     monkeypatch.setenv("FAKE_SGLANG_MODE", mode)
     from recipe.backends import sglang as sg
 
-    sent, payload = [], sg.SGLangBackend.payload
+    sent, payload = [], sg.request
 
     def counted(s, rid, ask=False):
         sent.append(rid)
         return payload(s, rid, ask)
 
-    monkeypatch.setattr(sg.SGLangBackend, "payload", staticmethod(counted))
+    monkeypatch.setattr(sg, "request", counted)
     cfg = sg_cfg(tmp_path, "data.limit=40", "client.concurrency=2", "capture.dump_timeout_s=1", "client.self_check=0")
     with pytest.raises(SystematicFailure, match=f"the first {EARLY} samples all failed {reason}") as e:
         run(cfg)

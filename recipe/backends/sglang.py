@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..procs import die_with_parent
 from ..schema import ConfigError
 from ..selfcheck import SelfCheck, SelfCheckFailed, judge_as_stored, judge_the_rest
+from . import sglang_generate
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +315,8 @@ class SGLangBackend:
         self, model_dir: Path, dump_dir: Path, output_dir: Path, *, server, client, capture, nccl, run_dir=None
     ):
         self.opts, self.client = server, client
+        self.generate_workers = client.concurrency  # data.regenerate: records written side by side
+        self.starting, self.started = threading.Lock(), False
         self.dump_dir, self.rid_prefix = dump_dir, capture.rid_prefix  # the hook dumps requests with this prefix
         self.url = f"http://{server.host}:{server.port}"
         run_dir = Path(run_dir or hydra_run_dir() or Path(output_dir) / "logs")
@@ -341,11 +344,23 @@ class SGLangBackend:
     def run(self, samples, sink, should_stop=lambda: False) -> None:
         if getattr(sink, "store", None) is None:  # a sink that stores nothing has nothing to check
             self.check = None
-        if self.opts.launch:
-            self.server.start()
-        self.server.wait_ready()
+        self.up()
         sink.progress.start()  # rates count the capture, not the server's start
         asyncio.run(self._send_all(samples, sink, should_stop))
+
+    def up(self) -> None:
+        """The server launched and answering, once: regeneration's threads may each ask first."""
+        with self.starting:
+            if not self.started:
+                if self.opts.launch:
+                    self.server.start()
+                self.server.wait_ready()
+                self.started = True
+
+    def generate(self, prompt: list[int], seed: int, regen, stop: int) -> list[int]:
+        """One turn the target writes for data.regenerate (sglang_generate.py): dumped by no hook."""
+        self.up()
+        return sglang_generate.generate(self.url, prompt, seed, regen, stop, self.client)
 
     def close(self) -> None:
         """Called once every sample is in the packer's hands: the server's own shutdown runs beside
@@ -421,7 +436,7 @@ class SGLangBackend:
         for attempt in range(c.retries + 1):
             rid = base if attempt == 0 else f"{base}-r{attempt}"
             packer.expect(rid, s)
-            payload = self.payload(s, rid, ask=attempt == 0 and self.check is not None and self.check.ask(s))
+            payload = request(s, rid, ask=attempt == 0 and self.check is not None and self.check.ask(s))
             try:
                 self.stats["requests"] += 1
                 r = await http.post(self.url + "/generate", json=payload)
@@ -452,15 +467,15 @@ class SGLangBackend:
                 await self.keeper.ensure_up()
                 await asyncio.sleep(c.backoff_s * 2**attempt)
 
-    @staticmethod
-    def payload(s, rid: str, ask: bool = False) -> dict:
-        """A prefill-only request; a self-check one also asks for the prompt's logprobs (SGLang returns
-        them with one generated token: the form seen on the H200)."""
-        body = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
-                "sampling_params": {"max_new_tokens": 1 if ask else 0, "temperature": 0.0}}  # fmt: skip
-        if ask:
-            body.update(return_logprob=True, logprob_start_len=0)
-        return body
+
+def request(s, rid: str, ask: bool = False) -> dict:
+    """A prefill-only request; a self-check one also asks for the prompt's logprobs (SGLang returns
+    them with one generated token: the form seen on the H200)."""
+    body = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
+            "sampling_params": {"max_new_tokens": 1 if ask else 0, "temperature": 0.0}}  # fmt: skip
+    if ask:
+        body.update(return_logprob=True, logprob_start_len=0)
+    return body
 
 
 class Supervisor:
