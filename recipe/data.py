@@ -225,7 +225,9 @@ def json_lines(path: Path, name: str):
         raise sources.cut_short(path, e, n) from None
 
 
-def to_messages(rec) -> list[dict]:
+def to_messages(rec, answers_optional: bool = False) -> list[dict]:
+    """A record's conversation. answers_optional: a record with no answer is kept (data.regenerate:
+    the target writes it)."""
     if not isinstance(rec, dict):
         raise BadRecord("not_an_object", type(rec).__name__)
     rec = {k: v for k, v in rec.items() if v is not None}  # Arrow fills a column a row lacks with null
@@ -258,7 +260,8 @@ def to_messages(rec) -> list[dict]:
         raise BadRecord("missing_field", f"no messages/conversations/prompt (keys: {sorted(rec)[:6]})")
     if not out:
         raise BadRecord("empty_conversation")
-    if not any(m["role"] == "assistant" and (m["content"].strip() or m.get("tool_calls")) for m in out):
+    answered = any(m["role"] == "assistant" and (m["content"].strip() or m.get("tool_calls")) for m in out)
+    if not answered and not answers_optional:
         raise BadRecord("no_assistant_turn")
     for m in out:  # valid JSON can hold lone surrogates ("\ud800"), which no tokenizer can encode
         try:
@@ -516,7 +519,8 @@ def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: 
     """One record as a Sample, or the BadRecord that says why it is skipped."""
     if isinstance(rec, BadRecord):
         raise rec
-    msgs, tools = to_messages(rec), record_tools(rec)
+    regenerate = data_cfg.regenerate.turns != "off"  # the target writes the answers (recipe/regenerate.py)
+    msgs, tools = to_messages(rec, answers_optional=regenerate), record_tools(rec)
     sid = sample_id(msgs, tools)
     if sid in seen_ids:
         raise BadRecord("duplicate", f"same content as an earlier record (id {sid})")
@@ -526,13 +530,12 @@ def to_sample(rec, where: str, tokenizer, data_cfg, seen_ids: set, seen_tokens: 
         if data_cfg.overflow == "skip":
             raise BadRecord("too_long", f"{len(ids)} > max_length {data_cfg.max_length}")
         ids, mask = ids[: data_cfg.max_length], mask[: data_cfg.max_length]
-    if not mask.any():
+    if not mask.any() and not regenerate:
         raise BadRecord("no_loss_tokens", "no assistant token left" + (" after truncation" if truncated else ""))
     same = seen_tokens.setdefault(hashlib.sha256(ids.tobytes()).digest(), sid)
     if same != sid:
         raise BadRecord("duplicate", f"the same tokens as an earlier record (id {same})")
-    rewrite = (msgs, tools) if data_cfg.regenerate.turns != "off" else None  # recipe/regenerate.py
-    return Sample(sid, ids, mask, where, truncated=truncated, conversation=rewrite)
+    return Sample(sid, ids, mask, where, truncated=truncated, conversation=(msgs, tools) if regenerate else None)
 
 
 def check_plan(plan: Plan, data_cfg) -> None:

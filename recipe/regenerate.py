@@ -233,7 +233,11 @@ class Regenerator:
 
 def rewritten(messages: list[dict], turns) -> tuple[list[dict], list[int]]:
     """The conversation up to its last assistant turn, and the turns the target rewrites: the last one,
-    or all of them in order."""
-    assistant = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
-    msgs = [dict(m) for m in messages[: assistant[-1] + 1]]
+    or all of them in order. A conversation that ends on a prompt (a `prompt` record with no answer,
+    say) gets an answer to it as its last turn."""
+    msgs = [dict(m) for m in messages]
+    if msgs[-1]["role"] != "assistant":
+        msgs.append({"role": "assistant", "content": ""})
+    assistant = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    msgs = msgs[: assistant[-1] + 1]
     return msgs, assistant[-1:] if str(getattr(turns, "value", turns)) == "last" else assistant

@@ -117,6 +117,18 @@ MUTATIONS = {
             "tests/test_regenerate.py::test_through_the_server_the_answers_are_the_servers_ids_and_no_generation_pass_is_dumped"
         ],
     ),
+    "regenerate_skips_a_prompt_without_an_answer": (
+        "recipe/data.py",
+        "    if not answered and not answers_optional:",
+        "    if not answered:",
+        ["tests/test_regenerate.py::test_records_of_prompts_alone_get_the_targets_answer"],
+    ),
+    "regenerate_answers_no_trailing_prompt": (
+        "recipe/regenerate.py",
+        '        msgs.append({"role": "assistant", "content": ""})',
+        "        pass",
+        ["tests/test_regenerate.py::test_records_of_prompts_alone_get_the_targets_answer"],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

@@ -169,3 +169,20 @@ def test_through_the_server_the_answers_are_the_servers_ids_and_no_generation_pa
                                temperature=0.7, top_p=0.95, top_k=None, eos_token_id=stop_token(tokenizer),
                                pad_token_id=0)  # fmt: skip
         assert again[0, n:].tolist() == t["generated"]
+
+
+def test_records_of_prompts_alone_get_the_targets_answer(tmp_path, tokenizer):
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"Name a {w}."}) + "\n" for w in ("colour", "fruit", "river")))
+    counts = run(small_run_cfg(tmp_path, *LAST, f"data.sources=[{src}]"))
+    assert counts["ok"] == 3 and not counts["skipped"]
+    r, turns = ShardReader(tmp_path / "out"), {t["id"]: t for t in rows(tmp_path / "out", "turn")}
+    for sid in r.ids:
+        x, t = r.get(sid), turns[sid]
+        assert t["message"] == 1  # the answer to the prompt, written after it
+        prompt = x["input_ids"].tolist()[: -len(t["generated"])]
+        assert tokenizer.decode(prompt).startswith("<|im_start|>user\nName a ") and x["loss_mask"].sum() == len(
+            t["generated"]
+        )
+    with pytest.raises(data.DataError, match="no_assistant_turn"):  # without it, a prompt alone trains nothing
+        run(small_run_cfg(tmp_path / "off", f"data.sources=[{src}]"))
