@@ -20,6 +20,8 @@ ids), 512-4096 bytes per sample.
   python bench/product.py --fake --samples 20                       # CPU plumbing check (tests/fake_sglang.py)
   python bench/product.py --samples 3000 --warm-only --out-root /dev/shm/bench-product   # after a run warmed
       # the machine: a set larger than the disk goes to the RAM disk
+  python bench/product.py --abba --samples 2000 --out product.json     # warm-up, then A B B A on one machine;
+      # each arm recorded as it ends: the same command again (same --out) goes on where a call stopped
 """
 
 from __future__ import annotations
@@ -112,13 +114,19 @@ def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
     }
 
 
-def plain_arm(args, model_dir: Path, out: Path) -> dict:
-    """The same ids, on a fresh server with the recipe's default flags and the dump off."""
-    reader = ShardReader(out)
-    samples = []
+def stored_samples(out: Path) -> list[Sample]:
+    """The token ids a product arm stored, as samples plain prefill is sent."""
+    reader, samples = ShardReader(out), []
     for sid in reader.ids:
         ids = reader.get(sid)["input_ids"].numpy().astype(np.int32)
         samples.append(Sample(id=sid, input_ids=ids, loss_mask=np.ones(len(ids), np.uint8), source="bench", key=sid))
+    return samples
+
+
+def plain_arm(args, model_dir: Path, out: Path | list) -> dict:
+    """The same ids (a product arm's set, or its samples), on a fresh server with the recipe's default
+    flags and the dump off."""
+    samples = stored_samples(out) if isinstance(out, Path) else out
     cfg = prefill.compose(["backend=sglang"])  # the defaults the product ran with
     ns = SimpleNamespace(
         shm=args.shm,
@@ -192,6 +200,57 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
         res["product-warm"] = "skipped: it would pass --deadline-s"
 
 
+ABBA = ("warmup", "product-A1", "plain-B1", "plain-B2", "product-A2")
+
+
+def machine() -> dict:
+    """Which machine an arm ran on: arms of one comparison must share it (a rerun may get another)."""
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except FileNotFoundError:  # --fake on a CPU box
+        gpu = SimpleNamespace(stdout="none")
+    return {"gpu": gpu.stdout.strip(), "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
+
+
+def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
+    """Warm (a small product run compiles the kernels), then product, plain, plain, product on the same
+    ids: a drift over the session falls on both sides alike. Each arm is recorded as it ends and
+    skipped by a rerun (--out kept), so the five span calls; each arm says its machine."""
+    here = machine()
+    if any(a.get("machine") != here for a in res["arms"].values()):  # one comparison, one machine
+        res.setdefault("discarded", []).append({k: a.get("machine") for k, a in res["arms"].items()})
+        res["arms"] = {}
+    warm_data = Path(args.work) / "warmup.jsonl"
+    make_data(warm_data, min(100, args.samples), args.min_len, args.max_len, seed=1)
+    ids_file, samples = Path(args.work) / "abba-ids.json", None
+    for name in ABBA:
+        if name in res["arms"]:
+            continue
+        if time.monotonic() - t0 > args.deadline_s:
+            res["stopped"] = f"before {name}: past --deadline-s; a rerun with --out goes on"
+            return
+        if name.startswith("product") or name == "warmup":
+            arm = product_arm(args, name, model_dir, warm_data if name == "warmup" else data)
+            if name == "product-A1":
+                samples = stored_samples(Path(arm["out"]))
+                ids_file.write_text(json.dumps({x.id: x.input_ids.tolist() for x in samples}))
+            shutil.rmtree(arm["out"], ignore_errors=True)
+        else:
+            if samples is None:  # A1 ran in an earlier call, on this machine's disk
+                stored = json.loads(ids_file.read_text())
+                samples = [Sample(id=k, input_ids=np.asarray(v, np.int32), loss_mask=np.ones(len(v), np.uint8),
+                                  source="bench", key=k) for k, v in stored.items()]  # fmt: skip
+            arm = plain_arm(args, model_dir, samples)
+        res["arms"][name] = {**arm, "machine": here}
+        save()
+    a = [res["arms"][k]["ready_to_durable_s"] for k in ("product-A1", "product-A2")]
+    b = [res["arms"][k]["client_s"] for k in ("plain-B1", "plain-B2")]
+    res["plain/product ready-to-durable (ABBA means)"] = round(sum(b) / sum(a), 4)
+    res["one machine"] = len({json.dumps(res["arms"][k]["machine"]) for k in ABBA}) == 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama-8b", choices=sorted(shapes.SHAPES))
@@ -212,6 +271,7 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the warm product arm past this")
     ap.add_argument("--out")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
+    ap.add_argument("--abba", action="store_true", help="warm-up, then product, plain, plain, product (resumable)")
     args = ap.parse_args()
     t0 = time.monotonic()
     work = Path(args.work)
@@ -221,12 +281,14 @@ def main():
     data = work / "data.jsonl"
     make_data(data, args.samples, args.min_len, args.max_len)
     res = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "arms": {}}
+    if args.abba and args.out and Path(args.out).exists():  # a rerun goes on where the last call stopped
+        res = json.loads(Path(args.out).read_text())
 
     def save():
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=2))
 
-    cold_then_warm(args, model_dir, data, res, save, t0)
+    (abba if args.abba else cold_then_warm)(args, model_dir, data, res, save, t0)
     save()
     print(json.dumps({k: v for k, v in res.items() if k != "arms"}, indent=2))
 

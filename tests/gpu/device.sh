@@ -41,6 +41,7 @@ case "${1:-install}" in
     timeout 585 python3 bench/draft_peer.py --work /tmp/draft --out "$OUT/draft-peer.json" "${@:2}" 2>&1 | tee "$OUT/draft-peer.log" | grep -v "HTTP Request" | tail -40
     (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed*.log) ;;
   product)
+    [ -f "${PRODUCT_DONE:-}" ] && cp "$PRODUCT_DONE" "$OUT/product.json"   # --abba: arms recorded before (same machine)
     timeout 585 python3 bench/product.py --out "$OUT/product.json" "${@:2}" 2>&1 | tee "$OUT/product.log" | grep -v "HTTP Request" | tail -40
     cp /tmp/bench-product/recipe-*.log "$OUT/" 2>/dev/null
     for f in $(find /tmp/bench-product /tmp/bench -name server.log 2>/dev/null); do echo "=== $f"; tail -n 60 "$f"; done > "$OUT/product-servers.log" 2>&1 ;;
