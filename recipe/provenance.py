@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from . import __version__
 from .data import file_sha256
 from .regenerate import settings as regen_settings
-from .shards.codec import FORMAT_VERSION
+from .shards.codec import SET_FORMAT
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -69,7 +69,7 @@ def slot_names(layers, final) -> list[str]:
 
 def identity(cfg, fingerprint: str, tokenizer: dict, sources: list[dict]) -> dict:
     return {
-        "format": f"recipe-hidden-states/{FORMAT_VERSION}",
+        "format": f"recipe-hidden-states/{SET_FORMAT}",
         "model_fingerprint": fingerprint,
         "capture": capture_spec(cfg),
         "tokenizer": tokenizer,

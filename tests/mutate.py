@@ -129,6 +129,18 @@ MUTATIONS = {
         "        pass",
         ["tests/test_regenerate.py::test_records_of_prompts_alone_get_the_targets_answer"],
     ),
+    "scan_trusts_a_raw_low_plane": (
+        "recipe/shards/framing.py",
+        "    check_tail(frame, record_header(frame))",
+        "    pass",
+        ["tests/test_edges.py::test_with_the_index_lost_a_record_damaged_in_its_low_plane_is_never_indexed_as_whole"],
+    ),
+    "writer_checks_no_low_plane": (
+        "recipe/shards/codec.py",
+        "            self.tail_crc = crc32(b, self.tail_crc)\n",
+        "",
+        ["tests/test_roundtrip.py::test_record_layout_is_the_documented_one_and_v1_records_still_read"],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

@@ -216,6 +216,19 @@ def test_with_the_index_lost_repair_names_the_damaged_record(finished, tmp_path,
     assert not any("indexes it" in p for p in problems)  # never advice that sends the user in circles
 
 
+def test_with_the_index_lost_a_record_damaged_in_its_low_plane_is_never_indexed_as_whole(finished, tmp_path, capsys):
+    """Frame B is raw bytes with no zstd checksum; a v3 record's check frame holds its crc32, so a scan
+    without the index tells the damage: repair names the record lost, and nothing serves it."""
+    out = fresh(finished, tmp_path / "out")
+    bad = lines(out)[1]
+    _spoil(out, bad, at=bad["length"] - 12 - 40)  # inside the last raw block, before the check frame
+    (out / "index.jsonl").unlink()
+    code, text = cli("repair", out, capsys=capsys)
+    assert code == 1 and f"lost {bad['id']}" in text
+    assert bad["id"] not in {r["id"] for r in lines(out)}
+    assert any(bad["id"] in p and "damaged" in p for p in verify(out))
+
+
 def test_the_manifest_straight_after_a_repair_agrees_with_the_index(finished, tmp_path, capsys):
     out = fresh(finished, tmp_path / "out")
     _spoil(out, lines(out)[2])

@@ -428,6 +428,7 @@ def test_record_layout_is_the_documented_one_and_v1_records_still_read():
 
     import zstandard
 
+    from recipe.shards import codec
     from recipe.shards.codec import RAW_BLOCK, decode
 
     rng = np.random.default_rng(5)
@@ -438,7 +439,7 @@ def test_record_layout_is_the_documented_one_and_v1_records_still_read():
         rec = Codec().encode({"id": "x"}, tensors)
         tail = h.size
         blocks = -(-tail // RAW_BLOCK)
-        frame_b = rec[len(rec) - (13 + 3 * blocks + tail) :]
+        frame_b, check = rec[len(rec) - 12 - (13 + 3 * blocks + tail) : -12], rec[-12:]
         assert frame_b[:5] == b"\x28\xb5\x2f\xfd\xe0" and struct.unpack("<Q", frame_b[5:13])[0] == tail
         pos, sizes = 13, []
         while pos < len(frame_b):  # 3-byte headers: size << 3 | type (0: raw) << 1 | last
@@ -450,16 +451,23 @@ def test_record_layout_is_the_documented_one_and_v1_records_still_read():
         body = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(rec), read_across_frames=True).read()
         (hlen,) = struct.unpack("<I", body[:4])
         header = json.loads(body[4 : 4 + hlen])
-        assert header["v"] == 2 and header["tail"] == tail
+        assert header["v"] == 3 and header["tail"] == tail
         words = h.reshape(-1)
         planes = np.concatenate([(words >> 8).astype(np.uint8), (words & 0xFF).astype(np.uint8)]).tobytes()
         assert body[4 + hlen :] == ids.tobytes() + planes
+        # v3: a skippable frame (magic 0x184D2A50, size 4) with the low plane's crc32
+        assert check[:8] == b"\x50\x2a\x4d\x18" + struct.pack("<I", 4)
+        assert struct.unpack("<I", check[8:])[0] == codec.crc32(planes[len(planes) // 2 :])
+        # the same record as v2 (no check frame) reads the same
+        hb = json.dumps({**header, "v": 2}).encode()
+        a_content = struct.pack("<I", len(hb)) + hb + body[4 + hlen : len(body) - tail]
+        v2 = zstandard.ZstdCompressor(write_checksum=True).compress(a_content) + frame_b
         # the same body as a v1 record: one frame, no tail
         header.update(v=1)
         del header["tail"]
         hb = json.dumps(header).encode()
         v1 = zstandard.ZstdCompressor().compress(struct.pack("<I", len(hb)) + hb + ids.tobytes() + planes)
-        for r in (rec, v1):
+        for r in (rec, v1, v2):
             meta, got = decode(r)
             assert meta == {"id": "x"} and np.array_equal(got["hidden"], h) and np.array_equal(got["input_ids"], ids)
 
@@ -478,7 +486,7 @@ def test_a_frame_a_that_disagrees_with_its_header_is_corrupt():
     body = zstandard.ZstdDecompressor().decompress(rec)  # frame A only
     short = zstandard.ZstdCompressor().compress(body[:-8])
     with pytest.raises(CorruptRecord, match="frame A holds"):
-        decode(short + rec[len(rec) - (13 + 3 + 64) :])
+        decode(short + rec[len(rec) - (13 + 3 + 64 + 12) :])
     assert struct.unpack("<I", body[:4])[0] > 0
 
 
@@ -495,7 +503,7 @@ def test_verify_refuses_every_record_the_reader_refuses():
     h = np.random.default_rng(3).integers(0, 1 << 16, (40, 4, 64), dtype=np.uint16)
     ids = np.arange(40, dtype=np.int32)
     good = Codec().encode({"id": "x"}, {"input_ids": ("int32", ids), "hidden": ("bfloat16", h)})
-    b0, n = len(good) - (13 + 3 + h.size), h.size  # frame B: one raw block of the low plane
+    b0, n = len(good) - 12 - (13 + 3 + h.size), h.size  # frame B: one raw block of the low plane, then the check
     body = zstandard.ZstdDecompressor().decompress(good)  # frame A's content
     (hlen,) = struct.unpack("<I", body[:4])
     header, rest = json.loads(body[4 : 4 + hlen]), body[4 + hlen :]
@@ -506,7 +514,8 @@ def test_verify_refuses_every_record_the_reader_refuses():
 
     def frame_b(low: bytes) -> bytes:
         block = ((len(low) << 3) | 1).to_bytes(3, "little")  # one raw block, the last
-        return codec.ZSTD_MAGIC + b"\xe0" + struct.pack("<Q", len(low)) + block + low
+        check = codec.CHECK_MAGIC + struct.pack("<I", codec.crc32(low))
+        return codec.ZSTD_MAGIC + b"\xe0" + struct.pack("<Q", len(low)) + block + low + check
 
     flipped = bytearray(good)
     flipped[b0 // 2] ^= 0xFF
@@ -517,7 +526,8 @@ def test_verify_refuses_every_record_the_reader_refuses():
         "bytes after frame B": good + bytes(7),
         "frame B's size field": good[: b0 + 5] + struct.pack("<Q", n - 1) + good[b0 + 13 :],
         "another format version": frame_a({**header, "v": 9}, rest) + good[b0:],
-        "a low plane short of its tensor": frame_a({**header, "tail": n - 2}, rest + bytes(2)) + frame_b(good[-n:-2]),
+        "a low plane short of its tensor": frame_a({**header, "tail": n - 2}, rest + bytes(2))
+        + frame_b(good[-12 - n : -14]),
         "no zstd frame": bytes(64),
         "a shape unlike its bytes": frame_a(
             {**header, "tensors": [{**header["tensors"][0], "shape": [39]}, *header["tensors"][1:]]}, rest
@@ -584,7 +594,7 @@ def test_a_record_decoded_in_steps_is_the_stored_record_and_lets_its_pages_go(mo
         meta, got = codec.decode(rec, codec.crc32(rec), codec.Recycler(), release)
         assert meta == {"id": "x"} and np.array_equal(got["hidden"], h) and np.array_equal(got["input_ids"], ids)
         blocks = -(-h.size // codec.RAW_BLOCK)  # frame B: each full block let go once joined
-        b_start = len(rec) - (13 + 3 * blocks + h.size)
+        b_start = len(rec) - 12 - (13 + 3 * blocks + h.size)
         assert gone[b_start + 13 : b_start + 13 + (blocks - 1) * (codec.RAW_BLOCK + 3)].all(), n
         for at in (40, len(rec) // 2, len(rec) - 5):  # in frame A's compressed bytes, anywhere, in frame B
             bad = bytearray(rec)

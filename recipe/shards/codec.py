@@ -8,7 +8,9 @@ byte (one exponent bit, seven mantissa bits) is noise to any coder (7.97 bits/by
 activations). So a v2 record is two zstd frames, their contents concatenated: frame A (compressed)
 carries everything up to the last tensor's high plane, frame B carries that tensor's low plane in
 raw blocks, written and read at memory speed instead of spending a third of the packer's time on
-a coder that saves 0.3 %. v1 records (one frame) are still read.
+a coder that saves 0.3 %. A v3 record then ends with a zstd skippable frame holding the low plane's
+crc32, so a scan without the index tells a damaged frame B. v1 records (one frame) and v2 records (no
+check frame) are still read.
 """
 
 from __future__ import annotations
@@ -39,12 +41,17 @@ except ImportError:  # no compiler at install time: numpy's join below, same wor
     _compiled_join = None
 JOIN = "compiled" if _compiled_join is not None else "numpy"  # which one decode uses (bench/reader.py prints it)
 
-FORMAT_VERSION = 2
-READS = (1, 2)
+FORMAT_VERSION = 3  # a record's own version (its header's "v"); a set's identity keeps SET_FORMAT
+SET_FORMAT = 2  # index, manifest and shard layout: unchanged by v3 records, so a v2 set goes on as it is
+READS = (1, 2, 3)
 # frame B: a zstd frame of raw blocks (RFC 8878 3.1.1): magic, descriptor 0xE0 (single segment, 8-byte
-# content size, no checksum: the record's crc32 covers it), then blocks of at most 128 KiB
+# content size, no zstd checksum), then blocks of at most 128 KiB
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 RAW_BLOCK = 128 << 10
+# v3: after frame B, a zstd skippable frame (RFC 8878 3.1.2: magic, u32 size 4) holding the crc32 of the
+# low plane, so a scan without the index tells a damaged frame B (stock zstd skips the frame)
+CHECK_MAGIC = b"\x50\x2a\x4d\x18" + struct.pack("<I", 4)
+CHECK_BYTES = 12
 TRANSFORMS = ("none", "byteplane")
 # numpy has no bfloat16: bf16 travels as its raw 16 bits and is viewed back in the reader.
 DTYPES = {
@@ -194,7 +201,7 @@ class RecordWriter:
         header = json.dumps(
             {"v": FORMAT_VERSION, "meta": meta, "tensors": tensors, "tail": self.tail_bytes}, separators=(",", ":")
         ).encode()
-        self.sink, self.tail_written, self.body_left = sink, 0, off - self.tail_bytes
+        self.sink, self.tail_written, self.body_left, self.tail_crc = sink, 0, off - self.tail_bytes, 0
         self._w = codec.compressor().stream_writer(
             sink, size=4 + len(header) + self.body_left, write_size=1 << 20, closefd=False
         )
@@ -239,8 +246,11 @@ class RecordWriter:
         bufs = []
         for b in blocks:
             self.tail_written += len(b)
+            self.tail_crc = crc32(b, self.tail_crc)
             last = int(self.tail_written == self.tail_bytes)
             bufs += [((len(b) << 3) | last).to_bytes(3, "little"), b]
+        if self.tail_written == self.tail_bytes:  # the low plane's crc32, in a skippable frame (v3)
+            bufs.append(CHECK_MAGIC + struct.pack("<I", self.tail_crc))
         _writev(self.sink, bufs)
 
     def close(self) -> None:
@@ -253,12 +263,18 @@ class RecordWriter:
             raise ValueError(f"record tail is {self.tail_bytes - self.tail_written} bytes short")
 
 
-def raw_tail(frame, n: int):
-    """The n bytes of a record's frame B (raw blocks, at the end of `frame`), as a list of numpy
-    views: one [blocks, RAW_BLOCK] array of the full blocks and the last block, no copies."""
+def trailer(header: dict) -> int:
+    """The bytes after frame B: a v3 record's check frame, none before v3."""
+    return CHECK_BYTES if header.get("tail") and (header.get("v") or 0) >= 3 else 0
+
+
+def raw_tail(frame, n: int, after: int = 0):
+    """The n bytes of a record's frame B (raw blocks, at the end of `frame` but for `after` bytes), as
+    a list of numpy views: one [blocks, RAW_BLOCK] array of the full blocks and the last block, no copies."""
     blocks = max(1, -(-n // RAW_BLOCK))
     size = 13 + 3 * blocks + n
     b = np.frombuffer(frame, np.uint8)
+    b = b[: b.size - after]
     if b.size < size or bytes(b[-size : -size + 5]) != ZSTD_MAGIC + b"\xe0":
         raise CorruptRecord("record has no raw tail frame where its header says")
     t = b[-size:]
@@ -536,9 +552,26 @@ def _tail_tensor(header: dict) -> dict | None:
     return last if last is not None and last["transform"] == "byteplane" and header.get("tail") else None
 
 
+def check_tail(frame, header: dict) -> None:
+    """A v3 record's low plane against the crc32 its check frame holds: what tells a damaged frame B
+    where no index line gives the record's crc32 (a scan). Raises CorruptRecord."""
+    k = trailer(header)
+    if not k:
+        return
+    end = bytes(frame[len(frame) - k :])
+    if len(frame) < k or end[:8] != CHECK_MAGIC:
+        raise CorruptRecord("record has no tail check frame where its header says")
+    full, last = raw_tail(frame, header["tail"], k)
+    got = 0
+    for row in full:
+        got = crc32(row, got)
+    if crc32(last, got) != int.from_bytes(end[8:], "little"):
+        raise CorruptRecord("the low plane (frame B) fails its crc32")
+
+
 def _low_plane(frame, header: dict, n: int) -> list:
     """Frame B's blocks (raw_tail), holding the low bytes of the tail tensor's n values."""
-    full, last = raw_tail(frame, header["tail"])
+    full, last = raw_tail(frame, header["tail"], trailer(header))
     if full.size + last.size != n:
         raise CorruptRecord(f"low plane holds {full.size + last.size} bytes for {n} values")
     return [full, last]
@@ -605,7 +638,7 @@ def _decode_in_steps(frame, header: dict, pages: _Pages, recycler: Recycler | No
             arr, off = _tensor(head, off, t, take)
             out[t["name"]] = arr
         full, tail = _low_plane(frame, header, n)
-        b_start = len(frame) - (13 + 3 * (full.shape[0] + 1) + n)  # frame B: 13-byte head, 3-byte block heads
+        b_start = len(frame) - trailer(header) - (13 + 3 * (full.shape[0] + 1) + n)  # 13-byte head, 3-byte blocks
         words, high = take(n, np.uint16), np.empty(min(STEP, n), np.uint8)
         for a in range(0, n, STEP):
             k = min(STEP, n - a)

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codec import RAW_BLOCK, ZSTD_MAGIC, CorruptRecord, crc32, decode, record_header
+from .codec import (
+    CHECK_BYTES,
+    CHECK_MAGIC,
+    RAW_BLOCK,
+    ZSTD_MAGIC,
+    CorruptRecord,
+    check_tail,
+    crc32,
+    decode,
+    record_header,
+    trailer,
+)
 
 HEAD_BYTES = 4 << 20  # a record's header is read from its first bytes: never copy a sample of gigabytes for it
 FCS_BYTES = (0, 2, 4, 8)  # Frame_Content_Size field by its flag (flag 0: 1 byte if single segment)
@@ -54,10 +65,16 @@ def torn(buf, at: int) -> bool:
     if a is None:
         return past
     try:
-        tail = record_header(buf[at : at + min(a, HEAD_BYTES)]).get("tail") or 0
+        header = record_header(buf[at : at + min(a, HEAD_BYTES)])
     except CorruptRecord:
         return False
-    return bool(tail) and (at + a == len(buf) or _frame(buf, at + a)[1])
+    if not header.get("tail"):
+        return False
+    b, past = _frame(buf, at + a) if at + a < len(buf) else (None, True)
+    if b is None:
+        return past
+    rest = bytes(buf[at + a + b : at + a + b + CHECK_BYTES])  # v3: cut inside its check frame
+    return len(rest) < trailer(header) and CHECK_MAGIC.startswith(rest[:8])
 
 
 def record_at(buf, at: int) -> tuple[int, dict] | None:
@@ -76,7 +93,10 @@ def record_at(buf, at: int) -> tuple[int, dict] | None:
     b = frame_length(buf, at + a)
     if b != 13 + 3 * max(1, -(-tail // RAW_BLOCK)) + tail:
         return None
-    return a + b, header
+    k = trailer(header)  # v3: the check frame after frame B
+    if k and bytes(buf[at + a + b : at + a + b + 8]) != CHECK_MAGIC:
+        return None
+    return a + b + k, header
 
 
 def walk(buf, at: int, found: dict[int, tuple[int, dict]]) -> int:
@@ -111,6 +131,7 @@ def line_of(buf, shard: str, at: int, length: int) -> dict:
     (decoded whole: frame A's checksum and frame B's blocks checked). Raises CorruptRecord."""
     frame = buf[at : at + length]
     meta, arrs = decode(frame)
+    check_tail(frame, record_header(frame))  # frame B's own crc32 (v3): no index line gives the record's
     if not {"input_ids", "loss_mask", "hidden"} <= set(arrs) or "id" not in meta:
         raise CorruptRecord("not a sample record (no id, input_ids, loss_mask or hidden)")
     ids, mask, hid = arrs["input_ids"], arrs["loss_mask"], arrs["hidden"]
