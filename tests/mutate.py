@@ -141,6 +141,12 @@ MUTATIONS = {
         "",
         ["tests/test_roundtrip.py::test_record_layout_is_the_documented_one_and_v1_records_still_read"],
     ),
+    "a_cut_check_frame_is_not_torn": (
+        "recipe/shards/framing.py",
+        "    return len(rest) < trailer(header) and CHECK_MAGIC.startswith(rest[:8])",
+        "    return False",
+        ["tests/test_guarantees.py::test_a_record_cut_inside_its_check_frame_is_torn_and_cut"],
+    ),
     "sglang_runs_an_architecture_it_cannot_dump": (
         "recipe/main.py",
         'if cfg.backend.name == "sglang":  # a class',

@@ -264,6 +264,24 @@ def test_a_crash_between_append_and_commit_keeps_the_whole_record_and_cuts_the_t
     again.close()
 
 
+@pytest.mark.parametrize("short", [12, 5, 1])  # the whole check frame missing, part of it, its last byte
+def test_a_record_cut_inside_its_check_frame_is_torn_and_cut(tmp_path, short):
+    """A v3 record's last 12 bytes are its check frame: a crash there leaves a torn append, cut on
+    reopen like any other, never foreign bytes the store leaves and works around."""
+    store = AppendingStore(tmp_path / "out", IDENTITY)
+    ka, kc = key_of(40), key_of(300)
+    a, c = sample_record("a", ka), sample_record("c", kc, 300)
+    store.append("a", ka, a, 40, 1)
+    store.commit()
+    store._shard.write(c[: len(c) - short])
+    store._shard.flush()
+    shard = store._shard_path
+    store._lock.close()
+    again = ShardStore(tmp_path / "out", IDENTITY)
+    assert shard.stat().st_size == len(a) and again.repaired == [(shard.name, len(c) - short)]
+    again.close()
+
+
 def test_a_torn_index_line_is_dropped_and_its_record_indexed_again_from_the_shard(tmp_path):
     """The crash tore the line's append: its record, fsynced before it, is whole in the shard and
     inside the bytes the manifest counts, so the resume indexes it from itself rather than redo it."""
