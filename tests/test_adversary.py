@@ -113,9 +113,9 @@ def damage(out: Path, rng: random.Random) -> str:
 
 
 def vouched(out: Path, frames: dict) -> set:
-    """Samples no readable index line vouches for: every line naming it gives another crc32. Such a
-    record cannot be told from one damaged in its raw low plane (frame B has no checksum of its own, so
-    its line's crc32 is its only proof): a resume redoes it rather than serve it unproven."""
+    """Samples no readable index line vouches for: every line naming it gives another crc32. The line
+    committed the record, so either it or the record changed since: a resume redoes the sample rather
+    than serve either unproven."""
     idx = out / "index.jsonl"
     crcs: dict = {}
     for line in idx.read_text(errors="replace").splitlines() if idx.exists() else []:
