@@ -357,8 +357,8 @@ MUTATIONS = {
     ),
     "export_full_disk_as_a_traceback": (
         "recipe/shards/__main__.py",
-        "        if full is None:\n            raise\n",
-        "        if True:\n            raise\n",
+        "    if full is not None:  # export and merge write gigabytes",
+        "    if False:  # export and merge write gigabytes",
         ["tests/test_export.py::test_a_full_disk_during_export_is_one_line_and_names_it"],
     ),
     "a_full_ram_disk_blamed_on_the_output": (
@@ -447,12 +447,12 @@ MUTATIONS = {
     ),
     "merge_ignores_template_kwargs": (
         "recipe/shards/merge.py",
-        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit")',
-        'SPLIT_KEYS = ("sources", "shard_index", "num_shards", "limit", "chat_template_kwargs", "overflow")',
+        'SPLIT_KEYS = ("sources", "split", "shard_index", "num_shards", "limit")',
+        'SPLIT_KEYS = ("sources", "split", "shard_index", "num_shards", "limit", "chat_template_kwargs", "overflow")',
         ["tests/test_integrity.py::test_merge_refuses_sets_whose_samples_differ_as_resume_would"],
     ),
     "damaged_builtin_cache_reused": (
-        "recipe/models/",
+        "recipe/models/__init__.py",
         'if (dest / "config.json").exists() and intact(dest):',
         'if (dest / "config.json").exists():',
         ["tests/test_pipeline.py::test_a_damaged_builtin_model_cache_is_rebuilt"],
@@ -566,8 +566,8 @@ MUTATIONS = {
     ),
     "empty_assistant_turns_accepted": (
         "recipe/data.py",
-        """    if not any(m["role"] == "assistant" and (m["content"].strip() or m.get("tool_calls")) for m in out):""",
-        """    if not any(m["role"] == "assistant" for m in out):""",
+        """ and (m["content"].strip() or m.get("tool_calls")) for m in out)""",
+        """ for m in out)""",
         ["tests/test_boundaries.py::test_a_conversation_whose_assistant_turns_are_all_empty_is_never_a_sample"],
     ),
     "duplicates_count_as_invalid": (
@@ -653,7 +653,7 @@ MUTATIONS = {
     ),
     "run_folder_ignores_the_data": (
         "recipe/schema.py",
-        'f"{_root_.model.name}/{data_tag(d.sources)}/"',
+        'f"{_root_.model.name}/{data_tag(d.sources)}{regen}/"',
         'f"{_root_.model.name}/"',
         ["tests/test_config.py::test_the_default_output_dir_is_named_from_model_and_capture_not_the_clock"],
     ),
@@ -757,8 +757,17 @@ MUTATIONS = {
     ),
     "token_counts_trust_a_file_of_other_samples": (
         "recipe/shards/tokencounts.py",
-        "return counts.lines <= len(records) and digest_of(records[: counts.lines]) == counts.digest",
-        "return counts.lines <= len(records)",
+        (
+            "    if counts.lines > len(records) or digest_of(records[: counts.lines]) != counts.digest:\n"
+            "        return False\n"
+            "    head = records[: counts.lines]\n"
+            '    if int(counts.all.sum()) != sum(r.get("tokens", 0) for r in head):\n'
+            "        return False\n"
+            '    return all("loss_tokens" not in r for r in head) or int(counts.loss.sum()) == sum(\n'
+            '        r.get("loss_tokens", 0) for r in head\n'
+            "    )\n"
+        ),
+        "    return counts.lines <= len(records)\n",
         ["tests/test_token_counts.py::test_a_counts_file_that_is_gone_damaged_or_foreign_is_counted_again"],
     ),
     "token_counts_stop_at_the_file": (
