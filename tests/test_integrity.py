@@ -393,6 +393,20 @@ def test_a_flipped_byte_is_found_by_a_deep_resume_and_redone(tmp_path):
     exactly_once(out, 8)
 
 
+def test_an_index_line_whose_crc32_was_edited_never_vouches_for_its_record(tmp_path):
+    """The record is whole (its own checks pass) but its line now gives another crc32: the line or the
+    record changed since the commit, and which one cannot be told, so a deep resume redoes the sample."""
+    out, resume = several_shards(tmp_path)
+    lines = (out / "index.jsonl").read_text().splitlines()
+    rec = json.loads(lines[3])
+    lines[3] = json.dumps({**rec, "crc32": rec["crc32"] ^ 1})
+    (out / "index.jsonl").write_text("\n".join(lines) + "\n")
+    assert any(rec["id"] in p for p in verify(out))
+    counts = resume("shards.deep_check=true")
+    assert counts["ok_this_run"] == 1 and counts["ok"] == 8
+    exactly_once(out, 8)
+
+
 def test_a_narrower_resume_keeps_the_whole_set_in_the_manifest(tmp_path):
     run(cfg(tmp_path, limit=5))
     counts = run(cfg(tmp_path, limit=2))
