@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import BadRecord, Sample, assistant_spans, render, turn_end_marker
+from .data import BadRecord, Sample, render, turn_end_marker
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -211,8 +211,7 @@ class Regenerator:
                     raise BadRecord("regenerate_cut", f"turn {k} reached max_new_tokens")
                 msgs = msgs[: k + 1]
                 break
-            full, spans = assistant_spans(self.tokenizer, msgs[: k + 1], kwargs)
-            done = full[: spans[-1][1]]
+            done = render(self.tokenizer, msgs[: k + 1], False, kwargs).rstrip()  # up to its end-of-turn
         return self.finish(s, msgs, tools, ids, mask, fresh)
 
     def finish(self, s: Sample, msgs, tools, ids: list, mask: list, fresh: bool) -> Sample:

@@ -89,13 +89,17 @@ class Head:
         vocab = int(cfg.get("vocab_size") or w.shape[0])
         return cls(w[:vocab].to(torch.bfloat16), float(cap) if cap and cap > 0 else None)
 
+    def widened(self):
+        """The weight in float32, made once."""
+        if self.w32 is None:
+            self.w32 = self.weight.float()
+        return self.w32
+
     def logprobs(self, states, targets) -> tuple[np.ndarray, np.ndarray]:
         """Per row: log p(target) under lm_head(state) in float32, and the row's largest |logit|."""
         import torch
 
-        if self.w32 is None:
-            self.w32 = self.weight.float()
-        logits = states.float() @ self.w32.T  # every sample's positions in one matmul: one pass over the head
+        logits = states.float() @ self.widened().T  # every sample's positions in one matmul: one pass over the head
         if self.softcap:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         lp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
@@ -231,8 +235,8 @@ class SelfCheck:
         """The head read and widened before the first samples come back (in a thread, beside the run)."""
         with self.lock:
             head = self._head()
-            if head is not None and head.w32 is None:
-                head.w32 = head.weight.float()
+            if head is not None:
+                head.widened()
 
     def _item(self, root: Path, rec: dict) -> tuple:
         import torch

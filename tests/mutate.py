@@ -105,8 +105,8 @@ MUTATIONS = {
     ),
     "regenerate_stops_after_the_first_turn": (
         "recipe/regenerate.py",
-        "            done = full[: spans[-1][1]]\n",
-        "            done = full[: spans[-1][1]]\n            break\n",
+        "  # up to its end-of-turn\n",
+        "  # up to its end-of-turn\n            break\n",
         ["tests/test_regenerate.py::test_all_turns_are_written_turn_by_turn_each_prompt_the_stored_ids_so_far"],
     ),
     "regenerate_launches_the_server_from_a_pool_thread": (
@@ -145,6 +145,12 @@ MUTATIONS = {
         "recipe/shards/framing.py",
         "    return len(rest) < trailer(header) and CHECK_MAGIC.startswith(rest[:8])",
         "    return False",
+        ["tests/test_guarantees.py::test_a_record_cut_inside_its_check_frame_is_torn_and_cut"],
+    ),
+    "a_check_frame_past_the_shard_end_is_whole": (
+        "recipe/shards/framing.py",
+        " or at + a + b + k > len(buf)):",
+        "):",
         ["tests/test_guarantees.py::test_a_record_cut_inside_its_check_frame_is_torn_and_cut"],
     ),
     "sglang_runs_an_architecture_it_cannot_dump": (

@@ -271,6 +271,10 @@ def test_a_record_cut_inside_its_check_frame_is_torn_and_cut(tmp_path, short):
     store = AppendingStore(tmp_path / "out", IDENTITY)
     ka, kc = key_of(40), key_of(300)
     a, c = sample_record("a", ka), sample_record("c", kc, 300)
+    from recipe.shards import framing
+
+    cut = c[: len(c) - short]  # read alone: no whole record there, a torn one
+    assert framing.record_at(cut, 0) is None and framing.torn(cut, 0) and framing.record_at(c, 0)[0] == len(c)
     store.append("a", ka, a, 40, 1)
     store.commit()
     store._shard.write(c[: len(c) - short])

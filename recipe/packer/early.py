@@ -42,6 +42,8 @@ class EarlyStop:
 
     def settled(self, reason: str | None, example: str = "") -> None:
         """One more sample settled: stored (None) or failed for `reason` (its key, e.g. non_finite)."""
+        if len(self.first) >= self.n:  # past the first EARLY: the packer's loop takes no lock for it
+            return
         with self.lock:
             if len(self.first) >= self.n:
                 return

@@ -94,7 +94,7 @@ def record_at(buf, at: int) -> tuple[int, dict] | None:
     if b != 13 + 3 * max(1, -(-tail // RAW_BLOCK)) + tail:
         return None
     k = trailer(header)  # v3: the check frame after frame B
-    if k and bytes(buf[at + a + b : at + a + b + 8]) != CHECK_MAGIC:
+    if k and (bytes(buf[at + a + b : at + a + b + 8]) != CHECK_MAGIC or at + a + b + k > len(buf)):
         return None
     return a + b + k, header
 
