@@ -71,6 +71,8 @@ class Journal:
         self.path = Path(out) / FILE
         self.turns: dict[tuple[str, int], dict] = {}
         self.lock = threading.Lock()  # records are written side by side (backend.generate_workers)
+        if self.path.is_symlink():  # appending and cutting a torn line would go to the user's file
+            raise UserError(f"{self.path} is a link; regeneration writes its own file there: move the link away")
         if self.path.exists():
             self._read(regen)
         if not self.path.exists() or not self.path.stat().st_size:

@@ -13,6 +13,7 @@ from conftest import ROOT, small_run_cfg
 
 from recipe import data
 from recipe.backends.hf import load_causal_lm
+from recipe.errors import UserError
 from recipe.main import run
 from recipe.regenerate import FILE, stop_token, turn_seed
 from recipe.shards import ShardReader
@@ -186,3 +187,13 @@ def test_records_of_prompts_alone_get_the_targets_answer(tmp_path, tokenizer):
         )
     with pytest.raises(data.DataError, match="no_assistant_turn"):  # without it, a prompt alone trains nothing
         run(small_run_cfg(tmp_path / "off", f"data.sources=[{src}]"))
+
+
+def test_a_link_in_place_of_the_file_is_refused_and_its_target_untouched(tmp_path):
+    user = tmp_path / "mine.jsonl"
+    user.write_bytes(b'{"turn": {"id": "x"')  # a file of the user's, its last line without a newline
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / FILE).symlink_to(user)
+    with pytest.raises(UserError, match="is a link"):
+        run(small_run_cfg(tmp_path, *LAST, limit=2))
+    assert user.read_bytes() == b'{"turn": {"id": "x"'  # neither cut nor appended to
