@@ -30,6 +30,7 @@ from .backends import make_backend
 from .capture import presets
 from .capture.architectures import refuse_undumped
 from .capture.dumpdir import dump_dir as owned_dump_dir
+from .capture.unservable import refuse_unservable
 from .data import Plan, build_plan, sample_key
 from .errors import ModelDirError, OutputDirError, UserError, disk_full
 from .models import resolve_model_path
@@ -114,8 +115,8 @@ def plan(cfg) -> Job:
     log_folders(cfg)
     check_output_dir(out)
     model_dir = resolve_model_path(cfg.model.path)
-    if cfg.backend.name == "sglang":  # a class the patched server serves without dumping: refused here
-        refuse_undumped(model_dir)
+    if cfg.backend.name == "sglang":  # a class served without dumps, or a shape SGLang cannot serve: refused
+        refuse_unservable(model_dir, refuse_undumped(model_dir))
     shape = read_model_shape(cfg, model_dir)
     presets.apply(cfg, shape.num_layers)  # capture=dflash / dspark: the layers, from the depth
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)

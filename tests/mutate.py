@@ -23,6 +23,51 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "seam_leaves_flag_stacks_unflagged": (
+        "recipe/capture/seam.py",
+        "    if reads_flags or any(hasattr(layer, LAYER_FLAG) for layer in stack):",
+        "    if any(hasattr(layer, LAYER_FLAG) for layer in stack):",
+        ["tests/test_seam.py::test_every_capturing_class_gets_exactly_the_configured_ids_and_one_hooked_processor"],
+    ),
+    "qwen3_moe_dense_layers_served": (
+        "recipe/capture/unservable.py",
+        '    if name == "Qwen3MoeForCausalLM" and dense_layers(cfg):',
+        "    if False:",
+        [
+            "tests/test_architectures.py::test_a_qwen3_moe_with_dense_layers_is_refused_naming_them",
+            "tests/test_architectures.py::test_the_recipe_refuses_an_unservable_shape_before_any_gpu_work",
+        ],
+    ),
+    "qwen3_moe_any_head_size_served": (
+        "recipe/capture/unservable.py",
+        "    if name in FUSED_ROPE_CLASSES and head_dim(cfg) not in FUSED_ROPE_HEAD_SIZES:",
+        "    if False:",
+        ["tests/test_architectures.py::test_a_qwen3_moe_head_size_without_sglangs_fused_rope_kernel_is_refused"],
+    ),
+    "gemma4_served_though_far_from_hf": (
+        "recipe/capture/unservable.py",
+        "    if name in FAR_FROM_HF:",
+        "    if False:",
+        ["tests/test_architectures.py::test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it"],
+    ),
+    "allow_list_ignored": (
+        "recipe/capture/unservable.py",
+        '    if name in os.environ.get(ALLOW_ENV, "").split(","):\n        return',
+        '    if False:\n        return',
+        ["tests/test_architectures.py::test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it"],
+    ),
+    "multimodal_builtins_ship_no_processor": (
+        "recipe/models/common.py",
+        "    save_processor(family, dest)",
+        "    pass",
+        ["tests/test_families.py::test_each_multimodal_wrapper_ships_the_processor_files_sglang_loads"],
+    ),
+    "named_markers_shift_the_specials_ids": (
+        "recipe/models/common.py",
+        "    tok.add_special_tokens(specials)  # ids BYTES + index",
+        "    pass  # ids BYTES + index",
+        ["tests/test_families.py::test_each_multimodal_wrapper_ships_the_processor_files_sglang_loads"],
+    ),
     "inspect_stops_at_a_missing_shard": (
         "recipe/shards/summary.py",
         '    except (CorruptRecord, OSError):\n        return f"(unreadable',

@@ -1,5 +1,6 @@
 """backend=sglang refuses, before any GPU work, an architecture the patched SGLang would serve without
-dumping; the list it accepts is the one the pinned wheel's own source gives."""
+dumping, and a checkpoint shape it cannot serve right; the list it accepts is the one the pinned wheel's
+own source gives."""
 
 import ast
 import json
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, unpack_models
 
-from recipe.capture import architectures
+from recipe.capture import architectures, unservable
 from recipe.capture.architectures import UnsupportedArchitecture, architecture, refuse_undumped
+from recipe.capture.unservable import refuse_unservable
 
 DRAFTS = ("Eagle", "NextN", "MTP", "Assistant")  # SGLang's names for speculative draft heads: never a target
 FOREIGN = {"MindSporeForCausalLM"}  # serves MindSpore's own models on Ascend NPUs
@@ -99,4 +101,51 @@ def test_the_recipe_refuses_it_before_tokenizing_or_writing(tmp_path):
     assert r.returncode != 0
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert "MixtralForCausalLM is not dumped by the patched SGLang" in r.stderr + r.stdout
+    assert not out.exists()
+
+
+def qwen3_moe(tmp_path: Path, **keys) -> Path:
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "num_attention_heads": 32,
+           "head_dim": 128, "num_hidden_layers": 4, "num_experts": 8, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], **keys}  # fmt: skip
+    return model_dir(tmp_path, cfg)
+
+
+def test_a_qwen3_moe_with_dense_layers_is_refused_naming_them(tmp_path):
+    """SGLang 0.5.16 builds every Qwen3-MoE layer as MoE: a dense layer's weights would never load (NaN states)."""
+    refuse_unservable(qwen3_moe(tmp_path), "Qwen3MoeForCausalLM")  # the published layout: served
+    with pytest.raises(UnsupportedArchitecture, match=r"^Qwen3MoeForCausalLM with dense layers \[0\] .*NaN"):
+        refuse_unservable(qwen3_moe(tmp_path, mlp_only_layers=[0]), "Qwen3MoeForCausalLM")
+    with pytest.raises(UnsupportedArchitecture, match=r"dense layers \[0, 2\]"):
+        refuse_unservable(qwen3_moe(tmp_path, decoder_sparse_step=2), "Qwen3MoeForCausalLM")
+
+
+def test_a_qwen3_moe_head_size_without_sglangs_fused_rope_kernel_is_refused(tmp_path):
+    """Head sizes other than 64/128/256/512 take a rotary kernel that asserts on Qwen3-MoE's fused KV write."""
+    refuse_unservable(qwen3_moe(tmp_path, head_dim=64), "Qwen3MoeForCausalLM")
+    with pytest.raises(UnsupportedArchitecture, match=r"^Qwen3MoeForCausalLM with head_dim 16: .*64, 128, 256, 512"):
+        refuse_unservable(qwen3_moe(tmp_path, head_dim=16), "Qwen3MoeForCausalLM")
+    refuse_unservable(model_dir(tmp_path, {"head_dim": 16, "num_hidden_layers": 4}), "Qwen3ForCausalLM")
+
+
+def test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it(tmp_path, monkeypatch):
+    ckpt = model_dir(tmp_path, {"architectures": ["Gemma4ForConditionalGeneration"], "num_hidden_layers": 4})
+    with pytest.raises(UnsupportedArchitecture, match=r"^Gemma4ForConditionalGeneration: .*differ from HF"):
+        refuse_unservable(ckpt, "Gemma4ForConditionalGeneration")
+    monkeypatch.setenv(unservable.ALLOW_ENV, "LlamaForCausalLM,Gemma4ForConditionalGeneration")
+    refuse_unservable(ckpt, "Gemma4ForConditionalGeneration")
+
+
+def test_the_recipe_refuses_an_unservable_shape_before_any_gpu_work(tmp_path):
+    """The user's command on the Qwen3-MoE shape SGLang serves as NaN: exit 2, one line, nothing written."""
+    (tmp_path / "ckpt").mkdir()
+    ckpt = qwen3_moe(tmp_path / "ckpt", mlp_only_layers=[0])
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "recipe", "backend=sglang", f"model.path={ckpt}", f"output_dir={out}",
+         "capture.layers=[1,2]", "model.hidden_size=2048"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert "Qwen3MoeForCausalLM with dense layers [0]" in r.stderr + r.stdout
     assert not out.exists()

@@ -99,6 +99,27 @@ def test_the_multimodal_and_hybrid_layouts_are_the_real_ones():
         assert f.get_tensor("model.layers.0.self_attn.sinks").abs().sum() > 0
 
 
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-qwen3-vl", "tiny-gemma-4"])
+def test_each_multimodal_wrapper_ships_the_processor_files_sglang_loads(name):
+    """SGLang builds a multimodal class's processor at start-up, also for token ids alone, and dies without
+    its files (seen on an H100): each sub-processor's config resolves to a class, as a real checkpoint's does."""
+    from transformers import AutoTokenizer
+    from transformers.feature_extraction_utils import FeatureExtractionMixin
+    from transformers.image_processing_base import ImageProcessingMixin
+
+    d = materialize(name)
+    image = ImageProcessingMixin.get_image_processor_dict(d)[0]
+    assert image["image_processor_type"] in ("Qwen2VLImageProcessor", "Gemma4ImageProcessor")
+    if name != "tiny-gemma-4":
+        video = json.loads((d / "video_preprocessor_config.json").read_text())
+        assert video["video_processor_type"] == "Qwen3VLVideoProcessor" and video["patch_size"] == image["patch_size"]
+        return
+    assert FeatureExtractionMixin.get_feature_extractor_dict(d)[0]["feature_extractor_type"]
+    tok = AutoTokenizer.from_pretrained(d)  # Gemma4Processor reads its markers by name
+    assert (tok.image_token, tok.boi_token, tok.eoi_token) == ("<|image|>", "<|image>", "<image|>")
+    assert tok.image_token_id == json.loads((d / "config.json").read_text())["image_token_id"]
+
+
 def rope_values(cfg: dict, key: str) -> set:
     """Every value a text config states for `key` of its global attention: top level, and under
     rope_parameters / rope_scaling (SGLang 0.5.16 reads the top level, transformers 5 rope_parameters);

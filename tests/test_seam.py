@@ -93,8 +93,9 @@ def built_class(name: str, fn) -> type:
     return type(name, (torch.nn.Module,), {"set_eagle3_layers_to_capture": fn} if fn else {})
 
 
-def decoder(src, cls: str | None) -> torch.nn.Module:
-    own = find(src, cls, "set_eagle3_layers_to_capture") if cls else None  # Qwen2-MoE's stack has its own
+def decoder(src, cls: str | None, switch: bool) -> torch.nn.Module:
+    """The decoder stack, named as its class (the seam reads the name); its own switch where called."""
+    own = find(src, cls, "set_eagle3_layers_to_capture") if switch else None  # Qwen2-MoE's stack has its own
     m = built_class(cls or "Decoder", compiled(own) if own else None)()
     m.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(DEPTH))
     m.layers_to_capture = []
@@ -124,9 +125,9 @@ def stand_in(src, cls: str) -> torch.nn.Module:
     if "self.language_model.set_eagle3_layers_to_capture" in body:
         m.language_model = stand_in(src, assigned(init, "language_model"))
     elif "self.language_model.layers_to_capture" in body:
-        m.language_model = decoder(src, None)
+        m.language_model = decoder(src, assigned(init, "language_model"), False)
     else:
-        m.model = decoder(src, assigned(init, "model") if "self.model.set_eagle3_layers_to_capture" in body else None)
+        m.model = decoder(src, assigned(init, "model"), "self.model.set_eagle3_layers_to_capture" in body)
     if "self.logits_processor =" in init or "self.logits_processor=" in init:
         m.logits_processor = Processor()
     return m
@@ -156,6 +157,13 @@ def ids(m) -> list[tuple[str, list[int]]]:
     return out
 
 
+def reads_only_flags(src, cls: str) -> bool:
+    """The stack's forward captures where its layers are flagged, and reads no id list."""
+    fn = find(src, cls, "forward")
+    body = ast.unparse(fn).replace(seam.LAYER_FLAG, "") if fn else ""
+    return fn is not None and body != ast.unparse(fn) and "layers_to_capture" not in body
+
+
 def hooked(m) -> list[str]:
     return [name for name, sub in m.named_modules() if isinstance(sub, Processor) and sub.hs_dump is not None]
 
@@ -174,10 +182,21 @@ def test_every_capturing_class_gets_exactly_the_configured_ids_and_one_hooked_pr
         hook = seam.install(m, env(tmp_path, layers), pp_size=lambda: 1)
         where = ids(m)
         assert where and all(v == layers for _, v in where), (cls, where)
+        for name, sub in m.named_modules():  # what the stack's forward reads holds the ids (Qwen3.5's flags)
+            if reads_only_flags(source, type(sub).__name__):
+                assert (name + ".layers" if name else "layers", layers) in where, (cls, name, where)
         assert len(hooked(m)) == 1, (cls, hooked(m))
         owner = m.get_submodule(hooked(m)[0].rsplit(".", 1)[0]) if "." in hooked(m)[0] else m
         assert getattr(owner, seam.CAPTURE_FLAG, None) is True or cls.endswith("ConditionalGeneration"), cls
         hook.close()
+
+
+def test_the_stacks_that_read_only_flags_are_the_pinned_wheels(source):
+    """The seam's table of stacks whose forward reads only their layers' flags is the pinned wheel's."""
+    if source.version != SGLANG_VERSION:
+        pytest.skip("the seam's table is the pinned wheel's")
+    own = {n for n, c in source.classes.items() if any(getattr(f, "name", "") == "forward" for f in c.body)}
+    assert seam.FLAG_STACKS == {n for n in own if reads_only_flags(source, n)}
 
 
 def test_a_wrappers_idle_processor_gets_no_hook(source, tmp_path):
@@ -204,6 +223,6 @@ def test_off_without_the_dump_dir_and_refusals(source, tmp_path):
     with pytest.raises(ValueError, match="layer 0"):
         seam.install(m, env(tmp_path, [0, 2]), pp_size=lambda: 1)
     silent = built_class("Silent", lambda self, ids: None)()
-    silent.model, silent.logits_processor = decoder(source, None), Processor()
+    silent.model, silent.logits_processor = decoder(source, None, False), Processor()
     with pytest.raises(seam.SeamError, match="Silent.set_eagle3_layers_to_capture switched on no capture"):
         seam.install(silent, env(tmp_path, [1, 2]), pp_size=lambda: 1)

@@ -69,21 +69,29 @@ DUMPED = frozenset(
     }
 )
 # Classes whose dumps through the one seam were compared with HF layer by layer on a GPU: the families
-# scenario (tests/gpu/families.py) on one H200, docs/gpu-results/2026-12-05-families.
+# scenario (tests/gpu/families.py) on one H200, docs/gpu-results/2026-12-05-families, and on one H100,
+# docs/gpu-results/2026-12-06-families-new.
 PROVEN: frozenset[str] = frozenset(
     {
+        "DeepseekV32ForCausalLM",
         "DeepseekV3ForCausalLM",
         "Gemma3ForCausalLM",
         "Glm4MoeForCausalLM",
+        "GlmMoeDsaForCausalLM",
         "GptOssForCausalLM",
         "KimiK25ForConditionalGeneration",
         "Llama4ForConditionalGeneration",
         "LlamaForCausalLM",
         "MiniMaxM2ForCausalLM",
         "MistralForCausalLM",
+        "Phi3ForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
         "Qwen3NextForCausalLM",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
     }
 )
 

@@ -32,6 +32,10 @@ log = logging.getLogger("recipe.sglang_hook")
 CAPTURE_FLAG = "capture_aux_hidden_states"  # on the module whose forward returns (final, aux)
 ID_LIST = "layers_to_capture"  # on the decoder stack: entering these layers is captured
 LAYER_FLAG = "_is_layer_to_capture"  # or flags on the layers themselves (Qwen2-MoE, Qwen3-Next, ...)
+# Decoder stacks whose forward reads only the layers' flags. Qwen3.5's wrappers inherit Qwen3-VL's switch,
+# which writes the id list alone: no layer would be captured and the wrapper's forward fails to unpack
+# (seen on an H100). tests/test_seam.py derives the set from the pinned wheel's forwards.
+FLAG_STACKS = frozenset({"MiniMaxM3Model", "Qwen2MoeModel", "Qwen3NextModel", "Qwen3_5ForCausalLM"})
 
 
 class SeamError(RuntimeError):
@@ -105,7 +109,8 @@ def set_ids(m, layers: list[int]) -> None:
     if hasattr(m, ID_LIST):
         setattr(m, ID_LIST, list(layers))
     stack = decoder_layers(m)
-    if any(hasattr(layer, LAYER_FLAG) for layer in stack):
+    reads_flags = any(c.__name__ in FLAG_STACKS for c in type(m).__mro__)
+    if reads_flags or any(hasattr(layer, LAYER_FLAG) for layer in stack):
         for i, layer in enumerate(stack):
             setattr(layer, LAYER_FLAG, i in layers)
 

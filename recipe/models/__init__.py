@@ -48,8 +48,9 @@ FAMILIES = (llama, qwen3, deepseek_v3, kimi_k25, qwen2, gpt_oss, glm4_moe, minim
             mistral, qwen3_moe, qwen3_5, qwen3_5_moe, gemma4, deepseek_v32, glm5, phi3, qwen3_vl)  # fmt: skip
 BUILTIN = {name: (family, variant) for family in FAMILIES for name, variant in family.MODELS.items()}
 VOCAB = common.vocab_size(llama.SPECIALS)  # the default tokenizer's (tiny-llama, tiny-deepseek-v3)
-CACHE_VERSION = "v5"  # v2: norm weights != 1; v3: per-expert names; v4: one module per family, zero vectors drawn;
-# v5: one rope theta per checkpoint, Llama-4's real chunk
+CACHE_VERSION = "v6"  # v2: norm weights != 1; v3: per-expert names; v4: one module per family, zero vectors drawn;
+# v5: one rope theta per checkpoint, Llama-4's real chunk; v6: multimodal wrappers' processor files,
+# Qwen3-MoE's head_dim 64
 
 
 def cache_dir() -> Path:

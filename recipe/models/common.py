@@ -14,8 +14,9 @@ from pathlib import Path
 BYTES = 256  # every UTF-8 byte is a token: tiny, needs no training, tokenizes any text
 
 
-def tokenizer(specials: list[str], template: str):
-    """Byte-level BPE with no merges plus the family's markers (specials[:3] = bos, eos, pad)."""
+def tokenizer(specials: list[str], template: str, named: dict | None = None):
+    """Byte-level BPE with no merges plus the family's markers (specials[:3] = bos, eos, pad); `named`
+    gives markers the attribute names a processor reads (Gemma-4's `image_token`, `boi_token`, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -24,8 +25,10 @@ def tokenizer(specials: list[str], template: str):
     tok = Tokenizer(models.BPE(vocab={byte_chars[b]: b for b in range(BYTES)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)  # ids BYTES + index, in the family's order, before any is named
     bos, eos, pad = specials[:3]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
+                                   extra_special_tokens=named or {})  # fmt: skip
     fast.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in (bos, eos, pad)]})
     fast.chat_template = template
     return fast
@@ -58,6 +61,13 @@ def randomize(model, seed: int = 0) -> None:
                 t.copy_(torch.randn(t.shape, generator=g) * 0.02)
 
 
+def save_processor(family, dest: Path) -> None:
+    """A multimodal wrapper's processor files, as its real checkpoint ships them: SGLang loads the processor
+    of a multimodal class at start-up, also for a server sent token ids alone, and dies without them."""
+    for name, content in getattr(family, "PROCESSOR", {}).items():
+        (Path(dest) / name).write_text(json.dumps(content, indent=2))
+
+
 def save(model, tok, dest: Path, real: dict | None = None) -> None:
     """Weights under their checkpoint names (save_pretrained writes per-expert names where the real
     checkpoint has them), the tokenizer, and config.json completed with the published keys."""
@@ -80,7 +90,7 @@ def model(family, seed: int = 0, **variant):
     import torch
     import transformers
 
-    tok = tokenizer(family.SPECIALS, family.TEMPLATE)
+    tok = tokenizer(family.SPECIALS, family.TEMPLATE, getattr(family, "NAMED", None))
     cfg = family.config(vocab_size(family.SPECIALS), token_ids(tok), **variant)
     torch.manual_seed(seed)
     m = getattr(transformers, family.ARCH)._from_config(cfg, dtype=torch.bfloat16)
@@ -90,5 +100,6 @@ def model(family, seed: int = 0, **variant):
 
 def build(family, dest: Path, seed: int = 0, **variant) -> None:
     """A family's tiny model into dest: tokenizer, random weights, config.json with the real keys."""
-    tok = tokenizer(family.SPECIALS, family.TEMPLATE)
+    tok = tokenizer(family.SPECIALS, family.TEMPLATE, getattr(family, "NAMED", None))
     save(model(family, seed, **variant), tok, dest, getattr(family, "REAL", None))
+    save_processor(family, dest)

@@ -16,6 +16,18 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
 )
 MODELS = {"tiny-gemma-4": {}}
+# the markers Gemma4Processor reads by name, and its processor file (image, audio and video parts at their
+# defaults): SGLang builds the processor at start-up for any multimodal class
+NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
+         "boa_token": "<|audio>", "eoa_token": "<audio|>"}  # fmt: skip
+PROCESSOR = {
+    "processor_config.json": {
+        "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750,
+        "audio_ms_per_token": 40, "image_processor": {"image_processor_type": "Gemma4ImageProcessor"},
+        "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor"},
+        "video_processor": {"video_processor_type": "Gemma4VideoProcessor"},
+    }
+}  # fmt: skip
 
 
 def special(token: str) -> int:
@@ -23,6 +35,7 @@ def special(token: str) -> int:
 
 
 def config(vocab: int, ids: dict):
+    """Head sizes 64 and 128 (the real 256 and 512, scaled down): sizes SGLang's fused rotary kernels take."""
     import transformers
 
     rope = {
@@ -31,8 +44,8 @@ def config(vocab: int, ids: dict):
     }
     text = transformers.Gemma4TextConfig(
         vocab_size=vocab, max_position_embeddings=8192, tie_word_embeddings=True, hidden_size=64,
-        intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+        intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
         vocab_size_per_layer_input=vocab, sliding_window=16, final_logit_softcapping=30.0, rope_parameters=rope,
         layer_types=["sliding_attention"] * 3 + ["full_attention"], **ids,
     )  # fmt: skip

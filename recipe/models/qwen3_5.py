@@ -15,6 +15,16 @@ TEMPLATE = (
 # Qwen3.5's config.json: SGLang 0.5.16 places full attention by full_attention_interval
 REAL = {"full_attention_interval": 4, "rope_theta": 10000000, "partial_rotary_factor": 0.25}
 MODELS = {"tiny-qwen3.5": {}}
+# Qwen3.5's and Qwen3-VL's processor files (16-pixel patches, 2x2 merge, 2 frames a patch): SGLang builds
+# the processor at start-up for any multimodal class
+VISION = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+          "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor"}  # fmt: skip
+PROCESSOR = {
+    "preprocessor_config.json": {**VISION, "image_processor_type": "Qwen2VLImageProcessor",
+                                 "size": {"longest_edge": 16777216, "shortest_edge": 65536}},
+    "video_preprocessor_config.json": {**VISION, "video_processor_type": "Qwen3VLVideoProcessor",
+                                       "size": {"longest_edge": 25165824, "shortest_edge": 4096}},
+}  # fmt: skip
 # head_dim 32 x partial 0.25: 8 rotary dims, 4 frequencies over (t, h, w); text-only, all three agree
 ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25, "mrope_interleaved": True,
         "mrope_section": [2, 1, 1]}  # fmt: skip

@@ -2,7 +2,7 @@
 multimodal wrapper Qwen3_5MoeForConditionalGeneration around tiny-qwen3.5's hybrid text model, with a
 routed MoE and a gated shared expert in every layer. ChatML."""
 
-from .qwen3_5 import REAL, SPECIALS, TEMPLATE, TEXT, wrapper  # noqa: F401  (the dense model's, but the MLP)
+from .qwen3_5 import PROCESSOR, REAL, SPECIALS, TEMPLATE, TEXT, wrapper  # noqa: F401  (the dense model's, but the MLP)
 
 ARCH = "Qwen3_5MoeForConditionalGeneration"
 MODELS = {"tiny-qwen3.5-moe": {}}

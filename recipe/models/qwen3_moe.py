@@ -15,10 +15,12 @@ SHAPE = dict(hidden_size=64, moe_intermediate_size=32, num_experts=8, num_expert
 
 
 def config(vocab: int, ids: dict, **shape):
+    """head_dim 64: SGLang writes Qwen3-MoE's KV cache from its fused rotary kernel, which has only head sizes
+    64, 128, 256 and 512 (recipe/capture/unservable.py); the real checkpoints use 128."""
     import transformers
 
     return transformers.Qwen3MoeConfig(
         vocab_size=vocab, max_position_embeddings=8192, tie_word_embeddings=False, intermediate_size=128,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, norm_topk_prob=True,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, norm_topk_prob=True,
         decoder_sparse_step=1, rope_theta=1000000.0, **{**SHAPE, **shape}, **ids,
     )  # fmt: skip

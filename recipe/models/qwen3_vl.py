@@ -3,7 +3,7 @@ Qwen3VLForConditionalGeneration, its Qwen3 text model (q/k norm, GQA, interleave
 under `model.language_model.`, a vision tower with deepstack mergers under `model.visual.`; requests are
 text-only. ChatML with Qwen's vision markers."""
 
-from .qwen3_5 import SPECIALS, TEMPLATE, special  # noqa: F401  (Qwen's markers and template)
+from .qwen3_5 import PROCESSOR, SPECIALS, TEMPLATE, special  # noqa: F401  (Qwen's markers, template, processor)
 
 ARCH = "Qwen3VLForConditionalGeneration"
 REAL = {"rope_theta": 5000000}  # Qwen3-VL-8B's
