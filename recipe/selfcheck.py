@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,11 +233,14 @@ class SelfCheck:
         return self.head
 
     def warm(self) -> None:
-        """The head read and widened before the first samples come back (in a thread, beside the run)."""
+        """The head read and widened before the first samples come back (in a thread, while the server
+        starts); a second call finds it done."""
         with self.lock:
+            t0, fresh = time.monotonic(), self.head is None or self.head.w32 is None
             head = self._head()
-            if head is not None:
+            if head is not None and fresh:
                 head.widened()
+                log.info("self-check: lm_head read and widened in %.2f s", time.monotonic() - t0)
 
     def _item(self, root: Path, rec: dict) -> tuple:
         import torch
@@ -247,7 +251,10 @@ class SelfCheck:
         return sid, t["input_ids"], final, lps
 
     def _judge(self, items: list) -> None:
-        for v in judge_all(self.head, items):
+        t0 = time.monotonic()
+        verdicts = judge_all(self.head, items)
+        log.info("self-check: %d samples judged in %.2f s", len(items), time.monotonic() - t0)
+        for v in verdicts:
             self.verdicts.append(v)
             if not v.ok:
                 raise SelfCheckFailed(refusal(v, Path(self.model_dir).name))

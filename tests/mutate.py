@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "self_check_head_read_beside_the_capture": (
+        "recipe/backends/sglang.py",
+        '            threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()',
+        "            pass",
+        ["tests/test_sglang_backend.py::test_the_self_checks_head_is_read_while_the_server_starts"],
+    ),
     "seam_leaves_flag_stacks_unflagged": (
         "recipe/capture/seam.py",
         "    if reads_flags or any(hasattr(layer, LAYER_FLAG) for layer in stack):",
@@ -53,7 +59,7 @@ MUTATIONS = {
     "allow_list_ignored": (
         "recipe/capture/unservable.py",
         '    if name in os.environ.get(ALLOW_ENV, "").split(","):\n        return',
-        '    if False:\n        return',
+        "    if False:\n        return",
         ["tests/test_architectures.py::test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it"],
     ),
     "multimodal_builtins_ship_no_processor": (

@@ -208,6 +208,34 @@ def test_the_self_checks_requests_are_answered_before_the_others_go_out(tmp_path
     assert sorted(events[:6]) == ["answered"] * 3 + ["ask"] * 3 and events[6:] == ["send"] * 5
 
 
+def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypatch):
+    """Reading and widening lm_head (2 GB of float32 for an 8B target) happens before the server is ready,
+    not beside the capture, where it competed with the packer for the host's cores (one H100 run)."""
+    import threading
+
+    from recipe import selfcheck
+    from recipe.backends import sglang as sg
+
+    warming, order = threading.Event(), []
+    warm, ready = selfcheck.SelfCheck.warm, sg.Server.wait_ready
+
+    def warm_first(self):
+        order.append("warm")
+        warming.set()
+        return warm(self)
+
+    def ready_after(self):
+        warming.wait(5)
+        out = ready(self)
+        order.append("ready")
+        return out
+
+    monkeypatch.setattr(selfcheck.SelfCheck, "warm", warm_first)
+    monkeypatch.setattr(sg.Server, "wait_ready", ready_after)
+    assert run(sg_cfg(tmp_path, "data.limit=4", "client.self_check=2"))["ok"] == 4
+    assert order[:2] == ["warm", "ready"], order
+
+
 @pytest.mark.parametrize(
     "mode, why",
     [("prenorm_final", "not the post-norm final state lm_head reads"),

@@ -344,6 +344,8 @@ class SGLangBackend:
     def run(self, samples, sink, should_stop=lambda: False) -> None:
         if getattr(sink, "store", None) is None:  # a sink that stores nothing has nothing to check
             self.check = None
+        if self.check:  # the head read and widened while the server starts, off the capture's cores
+            threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()
         self.up()
         sink.progress.start()  # rates count the capture, not the server's start
         asyncio.run(self._send_all(samples, sink, should_stop))
