@@ -44,7 +44,7 @@ from .provenance import (
     tokenizer_provenance,  # fmt: skip
     versions,
 )
-from .regenerate import Regenerator
+from .regenerate import Regenerator, decode_graphs
 from .shards.aliasing import set_around
 from .shards.codec import Codec
 from .shards.store import ShardStore
@@ -119,6 +119,7 @@ def plan(cfg) -> Job:
         refuse_unservable(model_dir, refuse_undumped(model_dir))
     shape = read_model_shape(cfg, model_dir)
     presets.apply(cfg, shape.num_layers)  # capture=dflash / dspark: the layers, from the depth
+    decode_graphs(cfg)  # data.regenerate decodes: SGLang's decode graphs on
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
     t0 = time.monotonic()
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)

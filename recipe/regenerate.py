@@ -47,6 +47,13 @@ def settings(regen_cfg) -> dict:
             "cut": str(getattr(r.cut, "value", r.cut))}  # fmt: skip
 
 
+def decode_graphs(cfg) -> None:
+    """Regeneration decodes, so SGLang's decode CUDA graphs go on (its default): the dump acts on prefill
+    passes only, and a graph replay runs no Python."""
+    if cfg.data.regenerate.turns != "off" and cfg.backend.name == "sglang":
+        cfg.server.args.cuda_graph_backend_decode = None
+
+
 def stop_token(tokenizer, template_kwargs=None) -> int:
     """The template's end-of-turn marker as one token id: where generation stops, as the template ends a turn."""
     marker = turn_end_marker(tokenizer, template_kwargs)

@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "regeneration_decodes_without_graphs": (
+        "recipe/regenerate.py",
+        "        cfg.server.args.cuda_graph_backend_decode = None",
+        "        pass",
+        ["tests/test_sglang_backend.py::test_decode_graphs_stay_off_for_a_capture_and_go_on_for_regeneration"],
+    ),
     "self_check_head_read_beside_the_capture": (
         "recipe/backends/sglang.py",
         '            threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()',

@@ -80,7 +80,6 @@ def test_server_argv_and_env(tmp_path):
     "override",
     [
         "server.args.cuda_graph_backend_prefill=full",
-        "server.args.cuda_graph_backend_decode=full",
         "server.args.disable_radix_cache=false",
         "server.extra_args=[--cuda-graph-backend-prefill,full]",
     ],
@@ -90,6 +89,21 @@ def test_enforced_flags(override):
     with pytest.raises(ValueError, match="CUDA graphs skip the Python hook"):
         server_argv(cfg.server, ROOT)
     server_argv(compose(["backend=sglang", "output_dir=/o", override, "server.allow_unsafe_flags=true"]).server, ROOT)
+
+
+def test_decode_graphs_stay_off_for_a_capture_and_go_on_for_regeneration():
+    """A decode pass is never dumped, so its graphs are allowed; a prefill-only capture keeps them off (no
+    start-up spent capturing them), and data.regenerate, which decodes, turns them on (SGLang's default)."""
+    from recipe.regenerate import decode_graphs
+
+    plain = compose(["backend=sglang", "output_dir=/o"])
+    decode_graphs(plain)
+    assert "--cuda-graph-backend-decode" in server_argv(plain.server, ROOT)
+    regen = compose(["backend=sglang", "output_dir=/o", "data.regenerate.turns=last"])
+    decode_graphs(regen)
+    argv = server_argv(regen.server, ROOT)
+    assert "--cuda-graph-backend-decode" not in argv
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
 
 
 def test_dp_attention_over_several_nodes_refused():
