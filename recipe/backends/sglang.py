@@ -407,10 +407,9 @@ class SGLangBackend:
             raise self.check_failed
 
     async def _probe_first(self, http, queue: deque, packer, sem) -> None:
-        """The self-check's requests go out first, alone, and are answered before the rest. Each asks
-        for one generated token, and SGLang decodes only when no prefill is pending: sent amid the
-        others, they came back last (GPT-OSS-20B, one H200), and the batch that held them kept every
-        finished prefill-only request in its running batch until then (192 against plain's 8)."""
+        """The self-check's requests go out first, alone, and are answered before the rest. Each asks for
+        a generated token, and SGLang decodes only when no prefill is pending: amid the others they came
+        back last, and the batch holding them kept every finished request running (GPT-OSS-20B, H200)."""
         probes, others = [], []
         while queue and len(probes) < self.check.samples:
             s = queue.popleft()
@@ -421,18 +420,11 @@ class SGLangBackend:
     async def _send(self, http, s, packer, sem) -> None:
         """One sample's request, within the client's concurrency and the dump budget."""
         async with sem:
-            await self._wait_budget()
+            self.stats["budget_wait_s"] += await wait_budget(self.dump_dir, self.budget)
             await self._one(http, s, packer)
 
     async def _watch(self, packer) -> None:
         self.check_failed = await judge_as_stored(self.check, packer.store)
-
-    async def _wait_budget(self) -> None:
-        """Back-pressure: no new request while the dump directory holds more than the budget."""
-        t0 = time.monotonic()
-        while records.dir_bytes(self.dump_dir) > self.budget:
-            await asyncio.sleep(0.05)
-        self.stats["budget_wait_s"] += time.monotonic() - t0
 
     async def _one(self, http, s, packer) -> None:
         c = self.client
@@ -450,11 +442,8 @@ class SGLangBackend:
                     packer.fail(rid, f"http_{r.status_code}: {r.text[:200]}")
                     return
                 meta = r.json().get("meta_info", {})
-                if meta.get("cached_tokens", 0):
-                    packer.fail(rid, f"prefix_cache_hit ({meta['cached_tokens']} cached tokens were not computed)")
-                    return
-                if meta.get("prompt_tokens") not in (None, len(s.input_ids)):
-                    packer.fail(rid, f"prompt_tokens_mismatch ({meta['prompt_tokens']} != {len(s.input_ids)})")
+                if fault := response_fault(meta, s):
+                    packer.fail(rid, fault)
                     return
                 if payload.get("return_logprob"):
                     self.check.answered(s, meta)
@@ -470,6 +459,23 @@ class SGLangBackend:
                 log.warning("request %s failed (%s); retrying", rid, reason)
                 await self.keeper.ensure_up()
                 await asyncio.sleep(c.backoff_s * 2**attempt)
+
+
+async def wait_budget(dump_dir: Path, budget: int) -> float:
+    """Back-pressure: no new request while the dump directory holds more than the budget. Returns the wait."""
+    t0 = time.monotonic()
+    while records.dir_bytes(dump_dir) > budget:
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def response_fault(meta: dict, s) -> str | None:
+    """Why an answered request still cannot be stored: tokens the server did not compute, or other ids."""
+    if meta.get("cached_tokens", 0):
+        return f"prefix_cache_hit ({meta['cached_tokens']} cached tokens were not computed)"
+    if meta.get("prompt_tokens") not in (None, len(s.input_ids)):
+        return f"prompt_tokens_mismatch ({meta['prompt_tokens']} != {len(s.input_ids)})"
+    return None
 
 
 def request(s, rid: str, ask: bool = False) -> dict:
