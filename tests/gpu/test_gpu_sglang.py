@@ -326,6 +326,28 @@ def test_dump_equals_return_hidden_states(served):
     )
 
 
+def test_a_prefill_only_request_returns_the_prompts_logprobs(served):
+    """The self-check's requests could need no decode pass: with max_new_tokens 0, SGLang's prompt
+    logprobs (computed on the extend pass) come back as with one generated token, chunked prompts too."""
+    rng = np.random.default_rng(1)
+    res = []
+    for k, n in enumerate((17, 700)):  # 700 > chunked_prefill_size: several passes
+        ids = rng.integers(0, 256, n).tolist()
+        got = {}
+        for new in (0, 1):
+            body = {"input_ids": ids, "rid": f"other-lp-{served.kind}-{k}-{new}", "return_logprob": True,
+                    "logprob_start_len": 0, "sampling_params": {"max_new_tokens": new, "temperature": 0}}  # fmt: skip
+            meta = httpx.post(served.url + "/generate", json=body, timeout=120).json()["meta_info"]
+            got[new] = [x[0] for x in meta.get("input_token_logprobs") or []]
+        both = min(len(got[0]), len(got[1]))
+        diff = max((abs(a - b) for a, b in zip(got[0][1:both], got[1][1:both])), default=None)
+        res.append({"tokens": n, "rows_new_0": len(got[0]), "rows_new_1": len(got[1]), "max_abs_diff": diff})
+    REPORT[served.kind]["prefill_only_logprobs"] = res
+    save_report()
+    assert all(r["rows_new_0"] == r["rows_new_1"] == r["tokens"] for r in res), res
+    assert all(r["max_abs_diff"] is not None and r["max_abs_diff"] <= TOL_LOGPROB for r in res), res
+
+
 def test_batched_equals_one_at_a_time(served, batched):
     kind = served.kind
     out1 = WORK / f"out-{kind}-single"
