@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # name: (file, original, mutant, tests that must fail); original/mutant may be tuples of snippets
 MUTATIONS = {
+    "gemma4_layers_write_into_the_capture": (
+        "recipe/capture/seam.py",
+        "        keep_captured(m, layers)\n",
+        "",
+        ["tests/test_seam.py::test_a_stack_whose_layers_write_into_their_input_keeps_what_it_captured"],
+    ),
     "regeneration_decodes_without_graphs": (
         "recipe/regenerate.py",
         "        cfg.server.args.cuda_graph_backend_decode = None",

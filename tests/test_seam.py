@@ -199,6 +199,33 @@ def test_the_stacks_that_read_only_flags_are_the_pinned_wheels(source):
     assert seam.FLAG_STACKS == {n for n in own if reads_only_flags(source, n)}
 
 
+class AddsIntoItsInput(torch.nn.Module):
+    """A layer as SGLang 0.5.16's Gemma-4 one: its input kept as the residual, a sum written into it in place."""
+
+    def forward(self, positions, hidden_states, per_layer_input, forward_batch, **kwargs):
+        hidden_states.add_(1.0)
+        return hidden_states, None
+
+
+def test_a_stack_whose_layers_write_into_their_input_keeps_what_it_captured(source, tmp_path):
+    """Gemma-4's stack captures the live tensor its next layer adds into: each captured layer gets a copy,
+    so a slot holds the residual stream entering its layer, not a later state."""
+    assert seam.ALIASING_STACKS <= set(source.classes)
+    m = stand_in(source, "Gemma4ForConditionalGeneration")
+    stack = m.language_model
+    assert type(stack).__name__ == "Gemma4TextModel"
+    stack.layers = torch.nn.ModuleList(AddsIntoItsInput() for _ in range(DEPTH))
+    hook = seam.install(m, env(tmp_path, [1, 3]), pp_size=lambda: 1)
+    h, aux = torch.zeros(2, 4), []
+    for i, layer in enumerate(stack.layers):  # the stack's own loop (gemma4_causal.py)
+        if i in stack.layers_to_capture:
+            aux.append(h)
+        h = layer(positions=None, hidden_states=h, per_layer_input=None, forward_batch=None)[0]
+    assert [float(a[0, 0]) for a in aux] == [1.0, 3.0]  # entering layers 1 and 3
+    assert float(h[0, 0]) == DEPTH
+    hook.close()
+
+
 def test_a_wrappers_idle_processor_gets_no_hook(source, tmp_path):
     """Llama-4's wrapper owns a processor that is never called; its language model's is."""
     m = stand_in(source, "Llama4ForConditionalGeneration")
