@@ -234,11 +234,10 @@ class SelfCheck:
 
     def warm(self) -> None:
         """The head read and widened before the first samples come back (in a thread, while the server
-        starts); a second call finds it done."""
+        starts; a poll meanwhile waits on the lock)."""
         with self.lock:
-            t0, fresh = time.monotonic(), self.head is None or self.head.w32 is None
-            head = self._head()
-            if head is not None and fresh:
+            t0, head = time.monotonic(), self._head()
+            if head is not None:
                 head.widened()
                 log.info("self-check: lm_head read and widened in %.2f s", time.monotonic() - t0)
 
@@ -275,8 +274,7 @@ def read_frame(root: Path, rec: dict) -> bytes:
 
 async def judge_as_stored(check: SelfCheck, store) -> SelfCheckFailed | None:
     """While requests go out: each self-check sample judged as soon as the store has committed it (the
-    head made ready first, while the first requests are computed)."""
-    await asyncio.to_thread(check.warm)
+    head was made ready while the server started: SelfCheck.warm)."""
     while check.pending() or check.requested < check.samples:
         await asyncio.sleep(0.25)
         try:

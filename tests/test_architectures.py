@@ -88,16 +88,21 @@ def test_every_proven_class_is_one_the_seam_dumps_and_a_builtin_model_names():
     assert architectures.PROVEN <= built
 
 
+def run_sglang(cwd: Path, ckpt: Path, out: Path, hidden: int) -> subprocess.CompletedProcess:
+    """The user's command with backend=sglang, in a clean environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "recipe", "backend=sglang", f"model.path={ckpt}", f"output_dir={out}",
+         "capture.layers=[1,2]", f"model.hidden_size={hidden}"],
+        capture_output=True, text=True, cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
 def test_the_recipe_refuses_it_before_tokenizing_or_writing(tmp_path):
     """The user's command, on a checkpoint SGLang would serve without a dump: exit 2, one line, no output."""
     (tmp_path / "ckpt").mkdir()
     ckpt = model_dir(tmp_path / "ckpt", {"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 4})
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "recipe", "backend=sglang", f"model.path={ckpt}", f"output_dir={out}",
-         "capture.layers=[1,2]", "model.hidden_size=64"],
-        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    r = run_sglang(tmp_path, ckpt, out, hidden=64)
     assert r.returncode != 0
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert "MixtralForCausalLM is not dumped by the patched SGLang" in r.stderr + r.stdout
@@ -142,11 +147,7 @@ def test_the_recipe_refuses_an_unservable_shape_before_any_gpu_work(tmp_path):
     (tmp_path / "ckpt").mkdir()
     ckpt = qwen3_moe(tmp_path / "ckpt", mlp_only_layers=[0])
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "recipe", "backend=sglang", f"model.path={ckpt}", f"output_dir={out}",
-         "capture.layers=[1,2]", "model.hidden_size=2048"],
-        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    r = run_sglang(tmp_path, ckpt, out, hidden=2048)
     assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
     assert "Qwen3MoeForCausalLM with dense layers [0]" in r.stderr + r.stdout
     assert not out.exists()

@@ -32,11 +32,10 @@ from . import sglang_generate
 
 log = logging.getLogger(__name__)
 
-# Flags the dump depends on. Python in the forward pass does not run when a CUDA graph replays,
-# and a radix-cache hit leaves the cached prefix uncomputed.
-# Prefill graphs would replay without the hook (silent holes). Decode graphs may stay on: the dump acts on
-# EXTEND passes only, and with SGLang's decode graphs on every sample was still stored right (the seam's
-# GPU proof, cuda_graphs_on); they are off by default (conf/server/sglang.yaml), on for data.regenerate.
+# Flags the dump depends on. Python in the forward pass does not run when a CUDA graph replays, so a
+# prefill graph would leave silent holes, and a radix-cache hit leaves the cached prefix uncomputed.
+# Decode graphs may stay on: the dump acts on EXTEND passes only, and with them on every sample was still
+# stored right (the seam's GPU proof, cuda_graphs_on); off by default, on for data.regenerate.
 FORCED = {
     "cuda_graph_backend_prefill": "disabled",
     "disable_radix_cache": True,

@@ -21,6 +21,7 @@ sits there, and `install` does the two things that differ by model, through the 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -128,13 +129,14 @@ def keep_captured(m, layers: list[int]) -> None:
     if any(c.__name__ in ALIASING_STACKS for c in type(m).__mro__):
         stack = decoder_layers(m)
         for i in layers:
-            if i < len(stack):
-                stack[i].register_forward_pre_hook(copy_hidden_states, with_kwargs=True)
+            if i < len(stack):  # the signature read once here, not on every forward pass
+                hook = functools.partial(copy_hidden_states, inspect.signature(stack[i].forward))
+                stack[i].register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def copy_hidden_states(layer, args: tuple, kwargs: dict):
+def copy_hidden_states(signature, layer, args: tuple, kwargs: dict):
     """A forward pre-hook: the layer's `hidden_states` argument replaced by a copy, however it is passed."""
-    bound = inspect.signature(layer.forward).bind(*args, **kwargs)
+    bound = signature.bind(*args, **kwargs)
     bound.arguments["hidden_states"] = bound.arguments["hidden_states"].clone()
     return bound.args, bound.kwargs
 

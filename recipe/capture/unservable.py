@@ -26,8 +26,7 @@ from pathlib import Path
 
 from .architectures import UnsupportedArchitecture
 
-FUSED_ROPE_HEAD_SIZES = (64, 128, 256, 512)
-FUSED_ROPE_CLASSES = frozenset({"Qwen3MoeForCausalLM"})  # the fused KV write, seen failing on a GPU
+FUSED_ROPE_HEAD_SIZES = (64, 128, 256, 512)  # Qwen3-MoE's fused rotary KV write, seen failing at 16 on a GPU
 FAR_FROM_HF = frozenset(
     {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"}
 )
@@ -56,13 +55,15 @@ def refuse_unservable(model_dir: Path, name: str) -> None:
             f"on a GPU, docs/gpu.md) and the fix is not yet proven there; backend=hf runs it, {ALLOW_ENV}={name} "
             "runs it regardless"
         )
-    if name == "Qwen3MoeForCausalLM" and dense_layers(cfg):
+    if name != "Qwen3MoeForCausalLM":
+        return
+    if dense_layers(cfg):
         raise UnsupportedArchitecture(
             f"{name} with dense layers {dense_layers(cfg)} (mlp_only_layers, decoder_sparse_step): SGLang 0.5.16 "
             "builds every Qwen3-MoE layer as MoE, so their weights are never loaded and its states come out NaN; "
             "backend=hf runs it"
         )
-    if name in FUSED_ROPE_CLASSES and head_dim(cfg) not in FUSED_ROPE_HEAD_SIZES:
+    if head_dim(cfg) not in FUSED_ROPE_HEAD_SIZES:
         raise UnsupportedArchitecture(
             f"{name} with head_dim {head_dim(cfg)}: SGLang 0.5.16 serves it only with head_dim "
             f"{', '.join(map(str, FUSED_ROPE_HEAD_SIZES))} (its fused rotary KV write has no other size); "

@@ -34,6 +34,11 @@ def tokenizer(specials: list[str], template: str, named: dict | None = None):
     return fast
 
 
+def family_tokenizer(family):
+    """A family module's tokenizer: its markers, template and named markers."""
+    return tokenizer(family.SPECIALS, family.TEMPLATE, getattr(family, "NAMED", None))
+
+
 def vocab_size(specials: list[str]) -> int:
     return -(-(BYTES + len(specials)) // 16) * 16  # rounded up, as real vocabularies are padded
 
@@ -90,7 +95,7 @@ def model(family, seed: int = 0, **variant):
     import torch
     import transformers
 
-    tok = tokenizer(family.SPECIALS, family.TEMPLATE, getattr(family, "NAMED", None))
+    tok = family_tokenizer(family)
     cfg = family.config(vocab_size(family.SPECIALS), token_ids(tok), **variant)
     torch.manual_seed(seed)
     m = getattr(transformers, family.ARCH)._from_config(cfg, dtype=torch.bfloat16)
@@ -100,6 +105,6 @@ def model(family, seed: int = 0, **variant):
 
 def build(family, dest: Path, seed: int = 0, **variant) -> None:
     """A family's tiny model into dest: tokenizer, random weights, config.json with the real keys."""
-    tok = tokenizer(family.SPECIALS, family.TEMPLATE, getattr(family, "NAMED", None))
+    tok = family_tokenizer(family)
     save(model(family, seed, **variant), tok, dest, getattr(family, "REAL", None))
     save_processor(family, dest)
