@@ -13,7 +13,7 @@ layer, none without). Published Qwen3-MoE checkpoints have none.
 
 Gemma-4's dumps were far from HF's (rel-L2 0.4-0.8 at the captured slots, on tiny Gemma-4 checkpoints of
 head sizes 16 and 64; the final slot's logprobs still agreed with the server's own). The cause, read in
-the wheel: its layers add into the very tensor the stack captured (seam.ALIASING_STACKS now hands them a
+the wheel: its layers add into the very tensor the stack captured (seam.ALIASING_STACKS hands them a
 copy). Until the families scenario passes with that, those classes are refused; ALLOW_ENV names classes
 to run regardless (the scenario does).
 """
