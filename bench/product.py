@@ -73,14 +73,15 @@ def log_time(line: str) -> float:
     return datetime.strptime(STAMP.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
-    """The recipe's command as a user types it; returns its timings and its shards' folder."""
+def product_arm(args, tag: str, model_dir: Path, data: Path, extra: tuple = ()) -> dict:
+    """The recipe's command as a user types it (plus `extra` overrides); returns its timings and its
+    shards' folder."""
     out, dumps = Path(args.out_root or args.work) / f"out-{tag}", Path(args.shm) / f"product-{tag}"
     shutil.rmtree(out, ignore_errors=True)
     model = shapes.SHAPES[args.shape].model if not args.fake else "tiny-llama"
     cmd = [sys.executable, "-m", "recipe", "backend=sglang", f"model={model}", f"model.path={model_dir}"]
     cmd += [f"data.sources=[{data}]", f"output_dir={out}", f"capture.dump_dir={dumps}", f"server.port={args.port}"]
-    cmd += args.flags
+    cmd += [*args.flags, *extra]
     log_path = Path(args.work) / f"recipe-{tag}.log"
     t_start = time.time()
     with open(log_path, "w") as log:
@@ -110,7 +111,23 @@ def product_arm(args, tag: str, model_dir: Path, data: Path) -> dict:
         "stored_bytes": totals["stored_bytes"],
         "tokens_per_s_ready_to_durable": round(totals["tokens"] / (t_durable - t_ready), 1),
         "progress_lines": [ln for ln in lines if "samples/s" in ln or "the last samples stored" in ln][-4:],
+        **self_check_times(lines, t_ready),
         "out": str(out),
+    }
+
+
+def self_check_times(lines: list[str], t_ready: float) -> dict:
+    """The self-check's own seconds from the recipe's log: its head read while the server started, its
+    judgements (in a thread, beside the capture), and when the last verdict came after the server was ready."""
+
+    def seconds(what: str) -> list[float]:
+        return [float(m.group(1)) for ln in lines if (m := re.search(what + r" in ([\d.]+) s", ln))]
+
+    verdicts = [log_time(ln) for ln in lines if "gives the server's logprobs" in ln and STAMP.match(ln)]
+    return {
+        "self_check_head_s": sum(seconds("lm_head read and widened")),
+        "self_check_judging_s": round(sum(seconds(r"samples judged")), 3),
+        "self_check_last_verdict_after_ready_s": round(max(verdicts) - t_ready, 2) if verdicts else None,
     }
 
 
@@ -201,6 +218,9 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
 
 
 ABBA = ("warmup", "product-A1", "plain-B1", "plain-B2", "product-A2")
+# --self-check-cost: the product with client.self_check=0 in the middle (C), every side centred on the same
+# moment: what the self-check adds is A against C, on the same machine and ids
+ABBA_C = ("warmup", "product-A1", "plain-B1", "nocheck-C1", "nocheck-C2", "plain-B2", "product-A2")
 
 
 def machine() -> dict:
@@ -225,14 +245,16 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
     warm_data = Path(args.work) / "warmup.jsonl"
     make_data(warm_data, min(100, args.samples), args.min_len, args.max_len, seed=1)
     ids_file, samples = Path(args.work) / "abba-ids.json", None
-    for name in ABBA:
+    order = ABBA_C if args.self_check_cost else ABBA
+    for name in order:
         if name in res["arms"]:
             continue
         if time.monotonic() - t0 > args.deadline_s:
             res["stopped"] = f"before {name}: past --deadline-s; a rerun with --out goes on"
             return
-        if name.startswith("product") or name == "warmup":
-            arm = product_arm(args, name, model_dir, warm_data if name == "warmup" else data)
+        if not name.startswith("plain"):
+            extra = ("client.self_check=0",) if name.startswith("nocheck") else ()
+            arm = product_arm(args, name, model_dir, warm_data if name == "warmup" else data, extra)
             if name == "product-A1":
                 samples = stored_samples(Path(arm["out"]))
                 ids_file.write_text(json.dumps({x.id: x.input_ids.tolist() for x in samples}))
@@ -245,10 +267,31 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
             arm = plain_arm(args, model_dir, samples)
         res["arms"][name] = {**arm, "machine": here}
         save()
-    a = [res["arms"][k]["ready_to_durable_s"] for k in ("product-A1", "product-A2")]
-    b = [res["arms"][k]["client_s"] for k in ("plain-B1", "plain-B2")]
-    res["plain/product ready-to-durable (ABBA means)"] = round(sum(b) / sum(a), 4)
-    res["one machine"] = len({json.dumps(res["arms"][k]["machine"]) for k in ABBA}) == 1
+    res.update(abba_figures(res["arms"]))
+    res["one machine"] = len({json.dumps(res["arms"][k]["machine"]) for k in order}) == 1
+
+
+def abba_figures(arms: dict) -> dict:
+    """Plain's mean time over the product's (ready to durable, ready to exit), each side's spread, and
+    the self-check's judging as a share of the product's time."""
+    a = [arms[k] for k in ("product-A1", "product-A2")]
+    b = [arms[k]["client_s"] for k in ("plain-B1", "plain-B2")]
+    out = {}
+    for end in ("durable", "exit"):
+        t = [x[f"ready_to_{end}_s"] for x in a]
+        out[f"plain/product ready-to-{end} (ABBA means)"] = round(sum(b) / sum(t), 4)
+        out[f"product ready-to-{end} spread (max/min)"] = round(max(t) / min(t), 4)
+    out["plain spread (max/min)"] = round(max(b) / min(b), 4)
+    judging = [x.get("self_check_judging_s", 0.0) for x in a]
+    out["self-check judging share of ready-to-exit"] = round(sum(judging) / sum(x["ready_to_exit_s"] for x in a), 5)
+    if "nocheck-C1" in arms:  # the self-check's cost as the run feels it: on against off
+        on, off = (
+            sum(arms[k]["ready_to_exit_s"] for k in ks)
+            for ks in (("product-A1", "product-A2"), ("nocheck-C1", "nocheck-C2"))
+        )
+        out["self-check share of ready-to-exit (A against C)"] = round((on - off) / on, 5)
+        out["plain/nocheck ready-to-exit (means)"] = round(sum(b) / off, 4)
+    return out
 
 
 def main():
@@ -272,6 +315,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     ap.add_argument("--abba", action="store_true", help="warm-up, then product, plain, plain, product (resumable)")
+    ap.add_argument("--self-check-cost", action="store_true", help="--abba with the self-check off in the middle")
     args = ap.parse_args()
     t0 = time.monotonic()
     work = Path(args.work)

@@ -274,8 +274,11 @@ def read_frame(root: Path, rec: dict) -> bytes:
 
 async def judge_as_stored(check: SelfCheck, store) -> SelfCheckFailed | None:
     """While requests go out: each self-check sample judged as soon as the store has committed it (the
-    head was made ready while the server started: SelfCheck.warm)."""
-    while check.pending() or check.requested < check.samples:
+    head was made ready while the server started: SelfCheck.warm). It watches until every sample it
+    asks for is judged, not until none is pending: at its first look the requests may be out and not
+    yet answered (on an H100, the first answer came 0.4 s after the server was ready), and then the
+    verdicts waited for the run's end. The run cancels it once every request is answered."""
+    while len(check.verdicts) < check.samples and check.skipped is None:
         await asyncio.sleep(0.25)
         try:
             await asyncio.to_thread(check.poll, store)

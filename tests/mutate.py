@@ -264,11 +264,17 @@ MUTATIONS = {
         "return True",
         ["tests/test_sglang_backend.py::test_a_wrong_final_slot_refuses_the_run_naming_the_slot"],
     ),
-    "self_check_requests_sent_amid_the_rest": (
+    "self_check_asks_for_a_decoded_token": (
         "recipe/backends/sglang.py",
-        "                if self.check:\n                    await self._probe_first(http, queue, packer, sem)\n",
-        "",
-        ["tests/test_sglang_backend.py::test_the_self_checks_requests_are_answered_before_the_others_go_out"],
+        '"sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}',
+        '"sampling_params": {"max_new_tokens": int(ask), "temperature": 0.0}}',
+        ["tests/test_sglang_backend.py::test_the_self_checks_requests_are_prefill_only_and_go_out_with_the_rest"],
+    ),
+    "self_check_stops_watching_before_its_answers": (
+        "recipe/selfcheck.py",
+        "while len(check.verdicts) < check.samples and check.skipped is None:",
+        "while check.pending() or check.requested < check.samples:",
+        ["tests/test_selfcheck.py::test_the_watcher_keeps_watching_while_its_requests_are_out_unanswered"],
     ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",

@@ -72,3 +72,32 @@ def test_samples_judged_together_each_get_their_own_verdict(model):
     for order in ((final, early), (early, final)):
         verdicts = judge_all(head, [(f"s{k}", ids, x, server) for k, x in enumerate(order)])
         assert [v.ok for v in verdicts] == [x is final for x in order]
+
+
+def test_the_watcher_keeps_watching_while_its_requests_are_out_unanswered():
+    """Asked, not yet answered at the first look (nothing pending, every request sent): the watcher
+    still judges each sample once it is stored, beside the run, not at its end."""
+    import asyncio
+
+    from recipe.selfcheck import SelfCheck, Verdict, judge_as_stored
+
+    check = SelfCheck(model_dir=None, samples=2, final_slot=3)
+    check.requested = 2  # both sent
+    polled = []
+
+    def poll(store):  # the store commits each sample's record once answered
+        polled.append(check.pending())
+        for key in list(check.asked):
+            check.asked.pop(key)
+            check.verdicts.append(Verdict(key, 32, 0, 0.001))
+
+    check.poll = poll
+
+    async def scenario():
+        watcher = asyncio.create_task(judge_as_stored(check, store=None))
+        await asyncio.sleep(0.6)  # two looks with nothing answered
+        check.asked.update({"a": ("a", []), "b": ("b", [])})
+        await asyncio.wait_for(watcher, 2)
+
+    asyncio.run(scenario())
+    assert len(check.verdicts) == 2 and polled[0] == 0 and max(polled) == 2, polled

@@ -200,26 +200,30 @@ def test_the_self_check_judges_the_first_samples_and_passes_a_right_final_slot(t
     assert len(judged) == 3, judged
 
 
-def test_the_self_checks_requests_are_answered_before_the_others_go_out(tmp_path, monkeypatch):
-    """SGLang decodes a request that asks for a token only when no prefill is pending: sent amid the
-    others, the self-check's came back last and kept finished requests in its running batch."""
+def test_the_self_checks_requests_are_prefill_only_and_go_out_with_the_rest(tmp_path, monkeypatch):
+    """No request asks for a generated token: SGLang decodes only when no prefill is pending, so one
+    that did came back last (or, sent alone first, held the run back by its decode pass). The
+    self-check's are the run's first requests, and the others go out beside them."""
     from recipe import selfcheck
     from recipe.backends import sglang as sg
 
-    events, payload, answered = [], sg.request, selfcheck.SelfCheck.answered
+    events, sent, payload, answered = [], [], sg.request, selfcheck.SelfCheck.answered
 
-    def sent(s, rid, ask=False):
+    def request(s, rid, ask=False):
         events.append("ask" if ask else "send")
-        return payload(s, rid, ask)
+        sent.append(payload(s, rid, ask))
+        return sent[-1]
 
     def got(self, sample, meta):
         events.append("answered")
         return answered(self, sample, meta)
 
-    monkeypatch.setattr(sg, "request", sent)
+    monkeypatch.setattr(sg, "request", request)
     monkeypatch.setattr(selfcheck.SelfCheck, "answered", got)
     assert run(sg_cfg(tmp_path, "data.limit=8", "client.self_check=3"))["ok"] == 8
-    assert sorted(events[:6]) == ["answered"] * 3 + ["ask"] * 3 and events[6:] == ["send"] * 5
+    assert {b["sampling_params"]["max_new_tokens"] for b in sent} == {0}
+    assert events[:4] == ["ask"] * 3 + ["send"], events  # concurrency 4: all four before any answer
+    assert events.count("answered") == 3 and events.count("send") == 5
 
 
 def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypatch):

@@ -394,8 +394,6 @@ class SGLangBackend:
             helpers = [asyncio.create_task(self.keeper.watchdog(http))] if self.opts.launch else []
             helpers += [asyncio.create_task(self._watch(packer))] if self.check else []
             try:
-                if self.check:
-                    await self._probe_first(http, queue, packer, sem)
                 await asyncio.gather(*(worker() for _ in range(c.concurrency)))
                 if self.check and self.check_failed is None:
                     self.check_failed = await judge_the_rest(self.check, packer)
@@ -404,17 +402,6 @@ class SGLangBackend:
                     t.cancel()
         if self.check_failed is not None:
             raise self.check_failed
-
-    async def _probe_first(self, http, queue: deque, packer, sem) -> None:
-        """The self-check's requests go out first, alone, and are answered before the rest. Each asks for
-        a generated token, and SGLang decodes only when no prefill is pending: amid the others they came
-        back last, and the batch holding them kept every finished request running (GPT-OSS-20B, H200)."""
-        probes, others = [], []
-        while queue and len(probes) < self.check.samples:
-            s = queue.popleft()
-            (probes if len(s.input_ids) >= 2 else others).append(s)
-        queue.extendleft(reversed(others))
-        await asyncio.gather(*(self._send(http, s, packer, sem) for s in probes))
 
     async def _send(self, http, s, packer, sem) -> None:
         """One sample's request, within the client's concurrency and the dump budget."""
@@ -478,10 +465,12 @@ def response_fault(meta: dict, s) -> str | None:
 
 
 def request(s, rid: str, ask: bool = False) -> dict:
-    """A prefill-only request; a self-check one also asks for the prompt's logprobs (SGLang returns
-    them with one generated token: the form seen on the H200)."""
+    """A prefill-only request (max_new_tokens 0: no decode pass). A self-check one also asks for the
+    prompt's logprobs, which SGLang computes on the same extend pass: it goes out and comes back with
+    the rest (asking for a generated token instead, it waited for a decode pass, which SGLang runs only
+    when no prefill is pending)."""
     body = {"input_ids": [int(x) for x in s.input_ids], "rid": rid,
-            "sampling_params": {"max_new_tokens": 1 if ask else 0, "temperature": 0.0}}  # fmt: skip
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}}  # fmt: skip
     if ask:
         body.update(return_logprob=True, logprob_start_len=0)
     return body
