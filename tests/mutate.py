@@ -62,17 +62,11 @@ MUTATIONS = {
         "    if False:",
         ["tests/test_architectures.py::test_a_qwen3_moe_head_size_without_sglangs_fused_rope_kernel_is_refused"],
     ),
-    "gemma4_served_though_far_from_hf": (
-        "recipe/capture/unservable.py",
-        "    if name in FAR_FROM_HF:",
-        "    if False:",
-        ["tests/test_architectures.py::test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it"],
-    ),
     "allow_list_ignored": (
         "recipe/capture/unservable.py",
         '    if name in os.environ.get(ALLOW_ENV, "").split(","):\n        return',
         "    if False:\n        return",
-        ["tests/test_architectures.py::test_gemma4_is_refused_until_proven_and_the_allow_list_runs_it"],
+        ["tests/test_architectures.py::test_the_allow_list_runs_a_refused_class"],
     ),
     "multimodal_builtins_ship_no_processor": (
         "recipe/models/common.py",

@@ -70,7 +70,7 @@ DUMPED = frozenset(
 )
 # Classes whose dumps through the one seam were compared with HF layer by layer on a GPU: the families
 # scenario (tests/gpu/families.py) on one H200, docs/gpu-results/2026-12-05-families, and on one H100,
-# docs/gpu-results/2026-12-06-families-new.
+# docs/gpu-results/2026-12-06-families-new and (Gemma-4) 2026-12-06-gemma4-and-prefill-only.
 PROVEN: frozenset[str] = frozenset(
     {
         "DeepseekV32ForCausalLM",
@@ -78,6 +78,7 @@ PROVEN: frozenset[str] = frozenset(
         "Gemma3ForCausalLM",
         "Glm4MoeForCausalLM",
         "GlmMoeDsaForCausalLM",
+        "Gemma4ForConditionalGeneration",
         "GptOssForCausalLM",
         "KimiK25ForConditionalGeneration",
         "Llama4ForConditionalGeneration",

@@ -11,11 +11,8 @@ Its Qwen3-MoE decoder also builds every layer as a routed MoE: a checkpoint with
 its states come out NaN while the logits stay finite (tests/gpu/moe_nan.py: every shape with a dense
 layer, none without). Published Qwen3-MoE checkpoints have none.
 
-Gemma-4's dumps were far from HF's (rel-L2 0.4-0.8 at the captured slots, on tiny Gemma-4 checkpoints of
-head sizes 16 and 64; the final slot's logprobs still agreed with the server's own). The cause, read in
-the wheel: its layers add into the very tensor the stack captured (seam.ALIASING_STACKS hands them a
-copy). Until the families scenario passes with that, those classes are refused; ALLOW_ENV names classes
-to run regardless (the scenario does).
+ALLOW_ENV names classes to run regardless of a refusal here (a user who knows better, or a scenario that
+checks a fix).
 """
 
 from __future__ import annotations
@@ -27,9 +24,6 @@ from pathlib import Path
 from .architectures import UnsupportedArchitecture
 
 FUSED_ROPE_HEAD_SIZES = (64, 128, 256, 512)  # Qwen3-MoE's fused rotary KV write, seen failing at 16 on a GPU
-FAR_FROM_HF = frozenset(
-    {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"}
-)
 ALLOW_ENV = "HS_RECIPE_ALLOW_ARCH"  # comma-separated classes run despite a refusal here
 
 
@@ -49,12 +43,6 @@ def refuse_unservable(model_dir: Path, name: str) -> None:
     if name in os.environ.get(ALLOW_ENV, "").split(","):
         return
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    if name in FAR_FROM_HF:
-        raise UnsupportedArchitecture(
-            f"{name}: its dumps through SGLang 0.5.16 differed from HF's at every captured slot (rel-L2 0.4-0.8 "
-            f"on a GPU, docs/gpu.md) and the fix is not yet proven there; backend=hf runs it, {ALLOW_ENV}={name} "
-            "runs it regardless"
-        )
     if name != "Qwen3MoeForCausalLM":
         return
     if dense_layers(cfg):

@@ -43,8 +43,6 @@ COMPARING = threading.Lock()
 # SGLang sizes its KV pool from free memory measured before and after its load: a neighbour starting
 # in between looks like its own weights. Such a start is tried once more.
 CROWDED = "leave no GPU memory for the KV cache"
-# the classes refused as far from HF are what this scenario measures: run regardless
-ALLOWED = {**os.environ, "HS_RECIPE_ALLOW_ARCH": "Gemma4ForConditionalGeneration"}
 
 
 def extract(name: str, work: Path, port: int, backend: str) -> dict:
@@ -54,7 +52,7 @@ def extract(name: str, work: Path, port: int, backend: str) -> dict:
             f"capture.layers={LAYERS}", f"data.limit={SAMPLES}", f"hydra.run.dir={work / 'runs' / name}",
             *EXTRA.get(name, [])]  # fmt: skip
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=540, cwd=work, env=ALLOWED)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=540, cwd=work)
     except subprocess.TimeoutExpired as e:
         return {"exit": "timeout", "seconds": round(time.time() - t0, 1), "log_tail": str(e.stderr or "")[-1500:]}
     log = (r.stdout + r.stderr)[-4000:]
