@@ -86,11 +86,8 @@ def train_peers(work: Path, plan: dict, layer_ids: list[int], sf_files: int, see
         arms_plans[arm] = (work / "sf-peer", dict(plan, samples=sf_files, seed=s))
     for s, arm in enumerate(sets["ours"][1:], start=1):
         arms_plans[arm] = (work / "shards" / "real", dict(plan, seed=s))
-    features = {arm: f for arm, (f, _) in arms_plans.items()}
-    procs = {
-        arm: draft.launch_arm(work, arm, features, draft_cfg, layer_ids, p, serve=True)
-        for arm, (_, p) in arms_plans.items()
-    }
+    inputs = {arm: {"features": f, "draft": draft_cfg, "vocab_map": None} for arm, (f, _) in arms_plans.items()}
+    procs = {arm: draft.launch_arm(work, arm, inputs, layer_ids, p, serve=True) for arm, (_, p) in arms_plans.items()}
     with cf.ThreadPoolExecutor(len(procs)) as pool:
         done = [
             pool.submit(draft.finish_arm, work, arm, p, t, draft_cfg, tuple(procs)) for arm, (p, t) in procs.items()

@@ -270,6 +270,18 @@ MUTATIONS = {
         "while check.pending() or check.requested < check.samples:",
         ["tests/test_selfcheck.py::test_the_watcher_keeps_watching_while_its_requests_are_out_unanswered"],
     ),
+    "draft_bench_other_data_arm_gets_the_sets_mapping": (
+        "bench/draft/train.py",
+        'vocab["other_data" if kind == "other_data" else "real"]',
+        'vocab["real"]',
+        ["tests/test_draft_bench.py::test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping"],
+    ),
+    "draft_bench_target_trains_on_other_ids_than_extracted": (
+        "bench/draft/chat.py",
+        "return self.encode([self.text(u.decode(), r.decode()) for u, r in pairs])",
+        "return [self.prompt(u) + self.encode([r.decode()])[0] + [self.eot] for u, r in pairs]",
+        ["tests/test_draft_bench.py::test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts"],
+    ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",
         "{'before' if v.shifted > 0 else 'after'}",

@@ -44,5 +44,107 @@ def test_the_extractions_capture_the_default_layers_of_the_target_on_disk(tmp_pa
     deeper. `--target-layers` sets that depth, and a resumed call reads it from the saved target."""
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text(f'{{"num_hidden_layers": {depth}}}')
-    assert draft.capture_runs(tmp_path) == {"real": real, "off_by_one": [i + 1 for i in real]}
+    assert draft.capture_runs(tmp_path) == {"real": (real, ()), "off_by_one": ([i + 1 for i in real], ())}
+    assert draft.capture_runs(tmp_path, fp8=True)["fp8"] == (real, ("shards.codec=fp8",))
     assert draft.parse_args(["target"]).target_layers == draft.TARGET["num_hidden_layers"] == 16
+
+
+@pytest.fixture(scope="module")
+def bpe_work(tmp_path_factory):
+    """A bench/draft work folder with a BPE target (--bpe-vocab), its shards, and a (copied) fp8 set."""
+    import json
+    import random
+    import shutil
+
+    from conftest import compose
+
+    from recipe.main import run
+
+    work = tmp_path_factory.mktemp("draft-bpe")
+    files = draft.corpus(2 << 20)[0]
+    tok = draft.tokenizer.bpe_tokenizer(files, 600)
+    tiny = dict(draft.TARGET, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    draft.save_target(draft.target_model(draft.Chat(tok), 0, tiny), tok, work / "target")
+    rng = random.Random(0)
+    (work / "data").mkdir()
+    with open(work / "data" / "train.jsonl", "w") as f:
+        for _ in range(8):
+            user, reply = draft.window(files, rng)
+            msgs = [draft.system_message(), {"role": "user", "content": user.decode()}]
+            f.write(json.dumps({"messages": [*msgs, {"role": "assistant", "content": reply.decode()}]}) + "\n")
+    run(compose([
+        f"model.path={work / 'target'}", "model.name=bpe", "data=jsonl",
+        f"data.sources=[{work / 'data' / 'train.jsonl'}]", "capture.layers=[2,8,13]",
+        f"output_dir={work / 'shards' / 'real'}", f"capture.dump_dir={work / 'shm'}",
+    ]))  # fmt: skip
+    shutil.copytree(work / "shards" / "real", work / "shards" / "fp8")  # its path is what the arms are handed
+    return work, tok, files
+
+
+def test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts(bpe_work):
+    """The target trains on the template's text encoded whole: what `python -m recipe` stores for the same
+    conversation, so the draft learns the states of the ids the target saw."""
+    import random
+
+    from recipe.data import tokenize
+
+    _, tok, files = bpe_work
+    chat, rng = draft.Chat(tok), random.Random(3)
+    pairs = [draft.window(files, rng) for _ in range(4)]
+    for (u, r), ids in zip(pairs, chat.conversations(pairs)):
+        msgs = [
+            draft.system_message(),
+            {"role": "user", "content": u.decode()},
+            {"role": "assistant", "content": r.decode()},
+        ]
+        assert tokenize(tok, msgs)[0].tolist() == ids
+    assert chat.vocab % 16 == 0 and chat.vocab >= len(tok) == 600
+
+
+def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
+    """--draft-vocab: the set's own mapping (the recipe's vocab-map) for the real draft, its controls and
+    seeds; none for full_vocab (the whole vocabulary); the prose's for other_data; fp8 arms on the fp8 set.
+    A mapping or a set crossed over would void the comparison."""
+    import json
+
+    import torch
+
+    work, tok, _ = bpe_work
+    plan = {"draft_vocab": 128, "seeds": 2, "fp8": True, "epochs": 1, "batch_size": 4, "learning_rate": 1e-3,
+            "ttt_length": 3, "export_steps": 60, "samples": 8}  # fmt: skip
+    got = draft.arm_inputs(work, plan, [1, 7, 12])
+    arms = got["arms"]
+    assert set(arms) == {*draft.ARMS, "full_vocab", "other_data", "real_seed1", "fp8", "fp8_seed1"}
+    real_map, other_map = (
+        str(work / "vocab" / "real" / "vocab_mapping.pt"),
+        str(work / "vocab" / "other" / "vocab_mapping.pt"),
+    )
+    for arm in (
+        "real",
+        "permuted",
+        "wrong_norm",
+        "off_by_one",
+        "untrained",
+        "real_seed1",
+        "fp8",
+        "fp8_seed1",
+        "real_export",
+    ):
+        assert arms[arm]["vocab_map"] == real_map, arm
+    assert arms["other_data"]["vocab_map"] == other_map and arms["full_vocab"]["vocab_map"] is None
+    assert arms["fp8_seed1"]["features"] == arms["fp8"]["features"] == work / "shards" / "fp8"
+    assert arms["real_seed1"]["features"] == work / "shards" / "real"
+    sizes = {arm: json.loads(x["draft"].read_text())["draft_vocab_size"] for arm, x in arms.items()}
+    assert sizes.pop("full_vocab") == draft.Chat(tok).vocab and set(sizes.values()) == {128}
+    ours, theirs = torch.load(real_map), torch.load(other_map)
+    assert ours["d2t"].numel() == theirs["d2t"].numel() == 128 and not torch.equal(ours["t2d"], theirs["t2d"])
+    assert got["vocab"]["real"]["coverage"] > got["vocab"]["other_data"]["coverage"]
+    cfg = json.loads(draft.run_yaml(work, "fp8_seed1", arms["fp8_seed1"]["features"], arms["fp8_seed1"]["draft"],
+                                    [1, 7, 12], plan, arms["fp8_seed1"]["vocab_map"]).read_text())  # fmt: skip
+    assert cfg["training"]["seed"] == 1 and cfg["model"]["vocab_mapping_path"] == real_map
+
+
+def test_a_call_that_names_its_arms_trains_those_and_the_real_draft():
+    plan = {"draft_vocab": 128, "seeds": 3, "fp8": True, "only": ["fp8", "fp8_seed1", "fp8_seed2", "real_seed2"]}
+    assert draft.arms(plan) == ("real", "real_seed2", "fp8", "fp8_seed1", "fp8_seed2")
+    assert draft.arms({}) == draft.ARMS

@@ -129,8 +129,8 @@ def test_each_set_trains_its_seeds_from_its_own_files(tmp_path, monkeypatch):
     1..K-1 (seed 0 is bench/draft's real draft): a seed or a set crossed over would void the verdict."""
     launched = {}
 
-    def launch(work, arm, features, draft_cfg, layer_ids, plan, serve):
-        launched[arm] = (features[arm], plan, serve)
+    def launch(work, arm, inputs, layer_ids, plan, serve):
+        launched[arm] = (inputs[arm]["features"], plan, serve)
         return object(), 0.0
 
     def finish(work, arm, p, t0, draft_cfg, served):

@@ -2,6 +2,9 @@
 measured end to end on one GPU, with controls that show the measure sees bad data.
 
     python bench/draft all --work /tmp/draft --out draft.json     # GPU host, SGLang 0.5.16 + SpecForge 0.2.0
+    python bench/draft all --bpe-vocab 16384 --draft-vocab 4096 --out draft-vocab.json   # the reduced vocabulary
+    python bench/draft all --bpe-vocab 16384 --draft-vocab 4096 --seeds 3 --fp8 \
+        --arms real_seed1,real_seed2,fp8,fp8_seed1,fp8_seed2 --out draft-fp8.json       # fp8 against lossless
 
 Steps (each a subcommand; `all` runs them in order and skips what the work folder already holds, so a
 later call resumes where an earlier one stopped):
@@ -33,6 +36,15 @@ later call resumes where an earlier one stopped):
            a control's acceptance is measured as soon as its server is up (a count, not a timing);
            decode speed with the GPU to itself (class Serving)
 
+A real vocabulary and the draft users train (`--bpe-vocab 16384 --draft-vocab 4096`): the target gets a
+BPE tokenizer trained on its own text (tokenizer.py), the draft predicts over a quarter of its ids through
+the recipe's mapping (`python -m recipe.shards vocab-map` on the shards, given to SpecForge as
+model.vocab_mapping_path; its export writes d2t, which SGLang's EAGLE3 loads), beside full_vocab (the
+whole vocabulary) and other_data (the same rule on the host's prose counts; vocab.py). `--seeds N`
+trains the real draft at seeds 0..N-1, `--fp8` also extracts with shards.codec=fp8 and trains the same
+seeds on that set (goals: the means and standard errors). `--arms` trains only the arms named (and
+real): arms compared with each other must share a call, since each call trains its own target.
+
 Controls (same training, one thing wrong):
   permuted     aux slots concatenated in another order than the draft config's
   wrong_norm   the last slot as a pre-norm state where SpecForge wants the state fed to lm_head
@@ -43,8 +55,9 @@ One module per step (target, data, extract, train, serve), the controls' wrong d
 chat form of the text in chat, servers and the client in servers; scenario runs them in order.
 """
 
+from . import tokenizer
 from .chat import SYSTEM, Chat, corpus, window
-from .common import ARMS, STOP_GRACE_S, TARGET, eagle3_layers, log
+from .common import ARMS, STOP_GRACE_S, TARGET, arms, eagle3_layers, log
 from .controls import control_sizes, permuted, slot_distances, wrong_norm
 from .data import eval_prompts, make_data, system_message
 from .extract import capture_runs, extract, recipe_argv
@@ -53,6 +66,7 @@ from .serve import Serving, serve, stop_ids
 from .servers import decode_figures, eagle3_server, server
 from .target import save_target, spread_final_norm, target_model, train_target
 from .train import (
+    arm_inputs,
     draft_json,
     finish_arm,
     launch_arm,
@@ -65,11 +79,14 @@ from .train import (
 )
 
 __all__ = [
+    "tokenizer",
+    "arm_inputs",
     "SYSTEM",
     "Chat",
     "corpus",
     "window",
     "ARMS",
+    "arms",
     "STOP_GRACE_S",
     "TARGET",
     "eagle3_layers",

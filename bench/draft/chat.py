@@ -47,30 +47,39 @@ SYSTEM = b"You are a careful Python programmer."
 
 
 class Chat:
-    """Token ids of the llama3 template (recipe.models.llama.LLAMA3) on the byte tokenizer: byte b is id b;
-    with the SYSTEM turn first."""
+    """Token ids of the llama3 template (recipe.models.llama.LLAMA3) on the target's tokenizer (the byte
+    one, or a BPE one trained here: tokenizer.py), with the SYSTEM turn first: the text as the template
+    renders it, encoded whole, as the recipe tokenizes a conversation."""
 
     def __init__(self, tok):
         ids = tok.convert_tokens_to_ids
+        self.tok = tok
         self.bos, self.sh, self.eh, self.eot = (
             ids(s) for s in ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
         )
         self.pad = tok.pad_token_id
+        self.vocab = -(-len(tok) // 16) * 16  # rounded up, as real vocabularies are padded
+        msgs = [{"role": "system", "content": SYSTEM.decode()}, {"role": "user", "content": "u"}]
+        rendered = tok.apply_chat_template([*msgs, {"role": "assistant", "content": "r"}], tokenize=False)
+        assert rendered == self.text("u", "r"), "the tokenizer's chat template is not llama3's"
 
-    def turn(self, role: str, content: bytes) -> list[int]:
-        return [self.sh, *role.encode(), self.eh, *b"\n\n", *content, self.eot]
+    @staticmethod
+    def text(user: str, reply: str | None = None) -> str:
+        """The template's text: the generation prompt, or (given a reply) the whole conversation."""
+        turn = "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>"
+        head = "<|begin_of_text|>" + turn.format("system", SYSTEM.decode()) + turn.format("user", user.strip())
+        head += "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        return head if reply is None else f"{head}{reply.strip()}<|eot_id|>"
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     def prompt(self, user: bytes) -> list[int]:
-        head = [self.bos, *self.turn("system", SYSTEM), *self.turn("user", user)]
-        return [*head, self.sh, *b"assistant", self.eh, *b"\n\n"]
+        return self.encode([self.text(user.decode())])[0]
 
-    def conversation(self, user: bytes, reply: bytes) -> list[int]:
-        return [*self.prompt(user), *reply, self.eot]
+    def conversations(self, pairs: list[tuple[bytes, bytes]]) -> list[list[int]]:
+        return self.encode([self.text(u.decode(), r.decode()) for u, r in pairs])
 
-    def longest(self) -> int:
-        """Tokens in the longest conversation window() makes."""
-        return len(self.conversation(b" " * USER_BYTES[1], b" " * REPLY_BYTES))
-
-
-def reply_text(output_ids: list[int]) -> str:
-    return bytes(i for i in output_ids if i < 256).decode("utf-8", "ignore").strip()
+    def reply_text(self, output_ids: list[int]) -> str:
+        """A generated reply as text: its markers dropped, bytes that form no character left out."""
+        return self.tok.decode(output_ids, skip_special_tokens=True).replace("\ufffd", "").strip()

@@ -52,6 +52,24 @@ BATCH1_PROMPTS = 4  # decode speed at batch 1: 4 held-out prompts, up to 256 tok
 
 
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
+VOCAB_ARMS = ("full_vocab", "other_data")  # with a reduced draft vocabulary (--draft-vocab): its two references
+
+
+def arms(plan: dict) -> tuple[str, ...]:
+    """Every arm a scenario trains: the controls; with --draft-vocab the full-vocabulary draft and the
+    mapping from other data; the real draft's further seeds (real_seedS); with --fp8 the real draft
+    from the fp8 set, at each seed."""
+    extra = VOCAB_ARMS if plan.get("draft_vocab") else ()
+    seeds = [f"real_seed{s}" for s in range(1, plan.get("seeds", 1))]
+    if plan.get("fp8"):
+        seeds += ["fp8"] + [f"fp8_seed{s}" for s in range(1, plan.get("seeds", 1))]
+    every = (*ARMS, *extra, *seeds)
+    only = set(plan.get("only") or every) | {"real"}  # --arms: a call that fits its time; real is always served
+    return tuple(arm for arm in every if arm in only)
+
+
+def seed_of(arm: str) -> int:
+    return int(arm.rsplit("_seed", 1)[1]) if "_seed" in arm else 0
 
 
 # The export to SpecForge's files (8 processes) and both verifies run while the trainers start, off the

@@ -8,7 +8,7 @@ import random
 import time
 from pathlib import Path
 
-from .chat import SYSTEM, Chat, corpus, reply_text, window
+from .chat import SYSTEM, Chat, corpus, window
 from .common import DATA_SERVE, REPLY_BYTES, STOP_GRACE_S, log
 from .servers import generate, generate_batched, server
 
@@ -61,7 +61,7 @@ def make_data(work: Path, n_train: int, n_eval: int, temperature: float, warm=No
         )  # fmt: skip
     finally:
         srv.stop(grace_s=STOP_GRACE_S)
-    kept = write_data(out, users, evals, outs)
+    kept = write_data(out, users, evals, [chat.reply_text(o["output_ids"]) for o in outs])
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     info = {"train_conversations": kept, "eval_prompts": n_eval, "generated_tokens": tokens, "server": how,
             "temperature": temperature}  # fmt: skip
@@ -71,12 +71,11 @@ def make_data(work: Path, n_train: int, n_eval: int, temperature: float, warm=No
     return info
 
 
-def write_data(out: Path, users: list[bytes], evals: list[bytes], outs: list[dict]) -> int:
+def write_data(out: Path, users: list[bytes], evals: list[bytes], replies: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     kept = 0
     with open(out / "train.jsonl", "w") as f:
-        for u, o in zip(users, outs):
-            reply = reply_text(o["output_ids"])
+        for u, reply in zip(users, replies):
             if reply:
                 msgs = [system_message(), {"role": "user", "content": u.decode()}]
                 msgs.append({"role": "assistant", "content": reply})

@@ -11,7 +11,7 @@ from pathlib import Path
 from .common import ROOT, eagle3_layers, log
 
 
-def recipe_argv(work: Path, name: str, layers: list[int], port: int) -> list[str]:
+def recipe_argv(work: Path, name: str, layers: list[int], port: int, extra: tuple = ()) -> list[str]:
     return [
         sys.executable, "-m", "recipe", "backend=sglang", "model=tiny-llama", f"model.name={name}",
         f"model.path={work / 'target'}", "data=jsonl", f"data.sources=[{work / 'data' / 'train.jsonl'}]",
@@ -19,27 +19,33 @@ def recipe_argv(work: Path, name: str, layers: list[int], port: int) -> list[str
         f"output_dir={work / 'shards' / name}", f"capture.dump_dir=/dev/shm/hs-draft-{name}",
         f"server.port={port}", "server.args.attention_backend=triton", "server.args.mem_fraction_static=0.3",
         "+server.args.max_total_tokens=262144",
-        f"hydra.run.dir={work / 'runs' / name}",
+        f"hydra.run.dir={work / 'runs' / name}", *extra,
     ]  # fmt: skip
 
 
-def capture_runs(work: Path) -> dict[str, list[int]]:
-    """The layers each extraction captures, from the depth of the target on disk (so a resumed call
-    captures what that target's draft config will claim): the default, and one layer deeper."""
+FP8 = ("shards.codec=fp8",)
+
+
+def capture_runs(work: Path, fp8: bool = False) -> dict[str, tuple[list[int], tuple]]:
+    """The layers (and extra overrides) each extraction captures, from the depth of the target on disk (so a
+    resumed call captures what that target's draft config will claim): the default, one layer deeper,
+    and (fp8) the default again stored in the fp8 codec."""
     layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])
-    return {"real": layers, "off_by_one": [i + 1 for i in layers]}
+    runs = {"real": (layers, ()), "off_by_one": ([i + 1 for i in layers], ())}
+    return runs | ({"fp8": (layers, FP8)} if fp8 else {})
 
 
-def extract(work: Path) -> dict:
-    """The real shards at the default layers and the off-by-one control's one layer deeper, both runs
-    at once: each server's KV cache is capped (max_total_tokens), so neither one's start-up memory
-    check sees the other's cache as taken. Both sets are verified while the drafts train."""
-    runs = capture_runs(work)
+def extract(work: Path, fp8: bool = False) -> dict:
+    """The real shards at the default layers and the off-by-one control's one layer deeper (and, given
+    fp8, the default layers in the fp8 codec), all runs at once: each server's KV cache is capped
+    (max_total_tokens), so no one's start-up memory check sees another's cache as taken. The sets are
+    verified while the drafts train."""
+    runs = capture_runs(work, fp8)
     info, procs = {}, {}
-    for i, (name, layers) in enumerate(runs.items()):
+    for i, (name, (layers, extra)) in enumerate(runs.items()):
         if (work / "shards" / name / "manifest.json").exists():
             continue
-        argv = recipe_argv(work, name, layers, 31100 + 10 * i)
+        argv = recipe_argv(work, name, layers, 31100 + 10 * i, extra)
         log("extract:", " ".join(argv[1:]))
         procs[name] = (subprocess.Popen(argv, cwd=ROOT), time.monotonic())
     for name, (p, t0) in procs.items():
@@ -48,5 +54,10 @@ def extract(work: Path) -> dict:
         info[name] = {"seconds_with_server_start": round(time.monotonic() - t0, 1)}
     for name in runs:
         m = json.loads((work / "shards" / name / "manifest.json").read_text())
-        info.setdefault(name, {}).update(layers=m["capture"]["layers"], counts=m.get("counts"))
+        t = m["totals"]
+        info.setdefault(name, {}).update(
+            layers=m["capture"]["layers"],
+            counts=m.get("counts"),
+            stored_over_raw=round(t["stored_bytes"] / t["raw_bytes"], 4),
+        )
     return info

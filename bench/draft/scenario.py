@@ -27,11 +27,45 @@ def goals(res: dict, ran_now: set[str]) -> dict:
         "scenario_seconds": seconds if whole else None,
         "fits_one_10_minute_call": seconds <= 600 if whole else None,
         "accept_length_real_ge_2.5": real >= 2.5,
-        "permuted_le_0.8x_real": acc["permuted"] <= 0.8 * real,
-        "wrong_norm_le_0.8x_real": acc["wrong_norm"] <= 0.8 * real,
+        **{f"{c}_le_0.8x_real": acc[c] <= 0.8 * real for c in ("permuted", "wrong_norm") if c in acc},
         "accept_length": acc,
         "relative_to_real": {arm: round(a / real, 3) if real else None for arm, a in acc.items()},
+        **vocab_goals(acc),
+        **seed_figures(acc),
     }
+
+
+def vocab_goals(acc: dict) -> dict:
+    """With a reduced draft vocabulary: it against the full-vocabulary draft, and the other-data mapping."""
+    if "full_vocab" not in acc:
+        return {}
+    full = acc["full_vocab"]
+    return {
+        "reduced_over_full": round(acc["real"] / full, 3),
+        "reduced_ge_0.95x_full": acc["real"] >= 0.95 * full,
+        "other_data_over_full": round(acc["other_data"] / full, 3),
+        "other_data_le_0.85x_full": acc["other_data"] <= 0.85 * full,
+    }
+
+
+def seed_figures(acc: dict) -> dict:
+    """Each set's seeds (real: the lossless shards; fp8), their mean and standard error, and whether the
+    two means lie within two standard errors of their difference."""
+    import statistics
+
+    sets = {k: [a for arm, a in sorted(acc.items()) if arm.split("_seed")[0] == k] for k in ("real", "fp8")}
+    if len(sets["real"]) < 2:
+        return {}
+    out = {}
+    for k, xs in sets.items():
+        if len(xs) >= 2:
+            out[k] = {"seeds": xs, "mean": round(statistics.mean(xs), 4),
+                      "se": round(statistics.stdev(xs) / len(xs) ** 0.5, 4)}  # fmt: skip
+    if "fp8" in out:
+        diff = out["fp8"]["mean"] - out["real"]["mean"]
+        se = (out["fp8"]["se"] ** 2 + out["real"]["se"] ** 2) ** 0.5
+        out["fp8_minus_lossless"] = {"diff": round(diff, 4), "se": round(se, 4), "within_2_se": abs(diff) <= 2 * se}
+    return {"seeds": out}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,6 +102,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     # the export arm trains the first N steps of the same schedule, compared step for step with the
     # direct arm (0: the whole run, and it is served too)
     ap.add_argument("--export-steps", type=int, default=60)
+    # A real vocabulary (the byte tokenizer has 256 ids): a BPE tokenizer of this many ids, trained on
+    # the target's own text (tokenizer.py); 0 keeps the byte one
+    ap.add_argument("--bpe-vocab", type=int, default=0)
+    # The draft predicts over this many ids, mapped from the shards' token counts (`python -m recipe.shards
+    # vocab-map`); 0: the target's whole vocabulary. Adds the full-vocabulary and other-data arms
+    ap.add_argument("--draft-vocab", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1, help="the real draft (and the fp8 one) at seeds 0..N-1")
+    ap.add_argument("--fp8", action="store_true", help="also extract with shards.codec=fp8 and train drafts on it")
+    # Arms compared with each other share one call: the target is trained for --target-seconds, so another
+    # call's target differs. A call that must fit its time limit trains the arms named (real always)
+    ap.add_argument("--arms", default="", help="comma-separated: only these arms (default: every arm)")
     return ap.parse_args(argv)
 
 
@@ -81,16 +126,19 @@ def main(argv=None) -> int:
     res_path = a.work / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
     plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length,
-                export_steps=a.export_steps)  # fmt: skip
+                export_steps=a.export_steps, draft_vocab=a.draft_vocab, seeds=a.seeds, fp8=a.fp8,
+                only=[x for x in a.arms.split(",") if x])  # fmt: skip
     warm = None
     if a.step == "all" and "target" not in res:
         warm = server(a.work, "data-target", a.work / "target-init", 31000, flags=DATA_SERVE)
     ran_now = set()
     with Serving(a.work, plan) as serving:
         steps = {
-            "target": lambda: train_target(a.work, a.target_seconds, a.norm_spread, warm, layers=a.target_layers),
+            "target": lambda: train_target(
+                a.work, a.target_seconds, a.norm_spread, warm, layers=a.target_layers, bpe_vocab=a.bpe_vocab
+            ),
             "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm),
-            "extract": lambda: extract(a.work),
+            "extract": lambda: extract(a.work, fp8=a.fp8),
             "train": lambda: train_drafts(a.work, plan, serving),
             "serve": lambda: serve(a.work, serving),
         }

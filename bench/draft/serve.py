@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import ARMS, BATCH1_PROMPTS, SERVE, SPEC, STOP_GRACE_S
+from .common import BATCH1_PROMPTS, SERVE, SPEC, STOP_GRACE_S, arms
 from .data import eval_prompts
 from .servers import decode_figures, eagle3_server, server
 from .train import served_arms
@@ -20,10 +20,9 @@ class Serving:
     is measured as soon as its server is ready, beside whatever else runs (a count of accepted tokens,
     not a timing), and that server is stopped. Decode speed (`serve`) waits for the GPU to itself."""
 
-    PORTS = {"target": 32000, **{arm: 32010 + i for i, arm in enumerate(ARMS)}}
-
     def __init__(self, work: Path, plan: dict):
         self.work, self.arms = work, served_arms(plan)
+        self.ports = {"target": 32000, **{arm: 32010 + i for i, arm in enumerate(arms(plan))}}
         self.servers, self.started, self.ready_s, self.acceptance, self.errors = {}, {}, {}, {}, {}
         self.threads = []
 
@@ -39,7 +38,7 @@ class Serving:
         thread: a server dies with the thread that started it (its parent-death signal)."""
         if name in self.servers or (name != "target" and name not in self.arms):
             return
-        w, port = self.work, self.PORTS[name]
+        w, port = self.work, self.ports[name]
         if name == "target":
             s = server(w, "serve-target", w / "target", port)
         else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .chat import Chat, corpus, window
 from .common import TARGET, log
+from .tokenizer import bpe_tokenizer
 
 
 def save_target(model, tok, out: Path) -> None:
@@ -33,10 +34,8 @@ def target_model(chat: Chat, seed: int, config: dict = TARGET):
     import torch
     import transformers
 
-    from recipe.models import VOCAB
-
     cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=chat.vocab,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         bos_token_id=chat.bos,
@@ -52,19 +51,26 @@ def target_batch(files: list[bytes], r: random.Random, n: int, chat: Chat, dev: 
     """n conversations from random windows, padded to the longest; labels on every real token."""
     import torch
 
-    ids = torch.full((n, chat.longest()), chat.pad, dtype=torch.long)
-    for i in range(n):
-        c = chat.conversation(*window(files, r))
+    convs = chat.conversations([window(files, r) for _ in range(n)])
+    ids = torch.full((n, max(map(len, convs))), chat.pad, dtype=torch.long)
+    for i, c in enumerate(convs):
         ids[i, : len(c)] = torch.tensor(c)
     labels = ids.masked_fill(ids == chat.pad, -100)
     return ids.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)
 
 
 def train_target(
-    work: Path, seconds: float, sigma: float, warm=None, seed: int = 0, layers: int = TARGET["num_hidden_layers"]
+    work: Path,
+    seconds: float,
+    sigma: float,
+    warm=None,
+    seed: int = 0,
+    layers: int = TARGET["num_hidden_layers"],
+    bpe_vocab: int = 0,
 ) -> dict:
     """`warm`: a data server to start on the untrained weights (saved first), compiling SGLang's
-    kernels on a fresh machine while the target trains; the data step loads the trained weights into it."""
+    kernels on a fresh machine while the target trains; the data step loads the trained weights into it.
+    `bpe_vocab`: a BPE tokenizer of that many ids, trained on the held-in files (else the byte one)."""
     import torch
 
     from recipe.models import make_tokenizer
@@ -72,7 +78,8 @@ def train_target(
     out = work / "target"
     if (out / "target.json").exists():
         return json.loads((out / "target.json").read_text())
-    tok = make_tokenizer("llama3")
+    held_in, held_out = corpus()
+    tok = bpe_tokenizer(held_in, bpe_vocab) if bpe_vocab else make_tokenizer("llama3")
     chat = Chat(tok)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a plumbing check
     config = dict(TARGET, num_hidden_layers=layers)
@@ -80,8 +87,8 @@ def train_target(
     if warm is not None:  # first: a fresh machine's kernels take longer to compile than the target to train
         save_target(model, tok, work / "target-init")
         warm.start()
-    held_in, held_out = corpus()
-    log(f"target: {len(held_in)} held-in files, {len(held_out)} held-out, {sum(map(len, held_in)) >> 20} MB")
+    mb = sum(map(len, held_in)) >> 20
+    log(f"target: {len(tok)} token ids; {len(held_in)} held-in files, {len(held_out)} held-out, {mb} MB")
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     rng, eval_rng = random.Random(seed), random.Random(seed + 1)
     batch = functools.partial(target_batch, chat=chat, dev=dev)
@@ -104,10 +111,10 @@ def train_target(
             curve.append((step, round(elapsed, 1), round(loss.item(), 4)))
             log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
         step += 1
-    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "tokens_seen": step * 96 * chat.longest()}
+    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "conversations_seen": step * 96}
     evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
     info.update(held_out_and_spread(model, loss_of, evals, seed, sigma))
-    info.update(curve=curve, config=config)
+    info.update(curve=curve, config=config, tokenizer={"kind": "bpe" if bpe_vocab else "byte", "ids": len(tok)})
     save_target(model, tok, out)
     (out / "target.json").write_text(json.dumps(info, indent=1))
     log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")

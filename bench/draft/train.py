@@ -12,17 +12,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import ARMS, NICE, OWN_READER, PACKAGE, ROOT, log
+from .common import NICE, OWN_READER, PACKAGE, ROOT, arms, log, seed_of
 from .controls import control_sizes, permuted, wrong_norm
+from .vocab import mappings
 
 if TYPE_CHECKING:
     from .serve import Serving
 
 
-def draft_json(work: Path, layer_ids: list[int]) -> Path:
+def draft_json(work: Path, layer_ids: list[int], draft_vocab: int = 0, name: str = "draft") -> Path:
     """SpecForge's Llama EAGLE-3 draft for this target (its configs/llama3-8B-eagle3.json, scaled):
-    one decoder layer, the target's vocab (no d2t mapping needed), the capture layer ids that the
-    export printed, in SpecForge's convention."""
+    one decoder layer, the capture layer ids that the export printed, in SpecForge's convention; over
+    the target's vocab (no d2t mapping needed) or `draft_vocab` ids (the mapping run_yaml names)."""
     t = json.loads((work / "target" / "config.json").read_text())
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
             "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta", "hidden_act",
@@ -33,18 +34,20 @@ def draft_json(work: Path, layer_ids: list[int]) -> Path:
         model_type="llama",
         num_hidden_layers=1,
         tie_word_embeddings=False,
-        draft_vocab_size=t["vocab_size"],
+        draft_vocab_size=draft_vocab or t["vocab_size"],
         target_hidden_size=t["hidden_size"],
         torch_dtype="bfloat16",
         eagle_config={"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True},
     )
-    p = work / "drafts" / "draft.json"
+    p = work / "drafts" / f"{name}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(cfg, indent=1))
     return p
 
 
-def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[int], plan: dict) -> Path:
+def run_yaml(
+    work: Path, arm: str, features: Path, draft: Path, layer_ids: list[int], plan: dict, vocab_map: str | None = None
+) -> Path:
     """plan: epochs, batch_size, learning_rate, ttt_length, export_steps, samples (the same for every
     arm; the untrained one takes one step at a learning rate of ~0; the export arm, with export_steps
     set, stops after that many steps of the same schedule: its horizon is the full run's)."""
@@ -63,6 +66,7 @@ def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[
             "target_model_path": str(work / "target"),
             "draft_model_config": str(draft),
             "aux_hidden_state_layer_ids": layer_ids,
+            **({"vocab_mapping_path": vocab_map} if vocab_map else {}),
         },
         "data": {
             "hidden_states_path": str(features),
@@ -81,7 +85,7 @@ def run_yaml(work: Path, arm: str, features: Path, draft: Path, layer_ids: list[
             "attention_backend": "sdpa",
             "fsdp_sharding": "NO_SHARD",  # one GPU: their DDP path (FSDP also refuses a CPU plumbing check)
             "log_interval": 10,
-            "seed": plan.get("seed", 0),
+            "seed": seed_of(arm),
         },
     }
     p = work / "drafts" / f"{arm}.json"  # JSON is YAML: SpecForge's load_config reads it
@@ -141,7 +145,24 @@ def loss_curve(log_path: Path) -> list[dict]:
 def served_arms(plan: dict) -> tuple[str, ...]:
     """The export arm is served only when it trains the whole run (export_steps 0); otherwise its
     curve is compared with the direct arm's over the steps it ran."""
-    return tuple(arm for arm in ARMS if arm != "real_export" or not plan["export_steps"])
+    return tuple(arm for arm in arms(plan) if arm != "real_export" or not plan["export_steps"])
+
+
+def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
+    """Each arm's shards, draft config and vocabulary mapping (with --draft-vocab: the set's own mapping
+    for every arm but full_vocab, which predicts over the whole vocabulary, and other_data, whose
+    mapping comes from other text)."""
+    shards, n = work / "shards", plan.get("draft_vocab") or 0
+    vocab = mappings(work, n) if n else None
+    reduced, full = draft_json(work, layer_ids, n), draft_json(work, layer_ids, 0, "draft-full")
+    out = {}
+    for arm in arms(plan):
+        kind = arm.split("_seed")[0]
+        features = {"real_export": work / "sf-export", "off_by_one": shards / "off_by_one", "fp8": shards / "fp8"}
+        mapping = None if not vocab or kind == "full_vocab" else vocab["other_data" if kind == "other_data" else "real"]
+        out[arm] = {"features": features.get(kind, shards / "real"), "draft": full if kind == "full_vocab" else reduced,
+                    "vocab_map": mapping["path"] if mapping else None}  # fmt: skip
+    return {"arms": out, "vocab": vocab}
 
 
 def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
@@ -149,42 +170,36 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
     files (spread over processes) runs while the arms that read the shards start; its arm starts when
     it is done, with the layer ids it printed checked equal to the ones the other arms' draft config
     took from the same function. Each arm's draft is exported for SGLang as soon as it finishes, and
-    its server started (Serving); the target alone's server starts now. Both shard sets are verified
+    its server started (Serving); the target alone's server starts now. The shard sets are verified
     (`python -m recipe.shards verify`) meanwhile."""
     import concurrent.futures as cf
 
     from recipe.shards.export import draft_config
     from recipe.shards.reader import ShardReader
 
-    shards, export_dir = work / "shards", work / "sf-export"
+    shards = work / "shards"
     reader = ShardReader(shards / "real")
     layer_ids = draft_config(reader, "specforge")["eagle_aux_hidden_state_layer_ids"]
     plan = dict(plan, samples=len(reader))
-    draft = draft_json(work, layer_ids)
-    features = {arm: shards / "real" for arm in ARMS} | {"real_export": export_dir, "off_by_one": shards / "off_by_one"}
-    todo = [arm for arm in ARMS if not (work / "drafts" / f"{arm}-curve.json").exists()]
-    launch = functools.partial(launch_arm, work, features=features, draft=draft, layer_ids=layer_ids, plan=plan)
+    inputs = arm_inputs(work, plan, layer_ids)
+    todo = [arm for arm in arms(plan) if not (work / "drafts" / f"{arm}-curve.json").exists()]
+    launch = functools.partial(launch_arm, work, inputs=inputs["arms"], layer_ids=layer_ids, plan=plan)
     procs = {arm: launch(arm) for arm in todo if arm != "real_export"}
-    verifies = {name: verify(shards / name, work / "drafts" / f"verify-{name}.log") for name in ("real", "off_by_one")}
+    sets = [d.name for d in sorted(shards.iterdir()) if (d / "manifest.json").exists()]
+    verifies = {name: verify(shards / name, work / "drafts" / f"verify-{name}.log") for name in sets}
     serving.start("target")
-    for arm in ARMS:
+    for arm in arms(plan):
         if arm not in todo:  # a resumed call: trained and exported already
             serving.start(arm)
-    t0 = time.monotonic()
-    if not (export_dir / "export_info.json").exists():
-        subprocess.run(
-            [*NICE, sys.executable, "-m", "recipe.shards", "export", "--to", "specforge", str(shards / "real"),
-             str(export_dir), "--overwrite", "--workers", "8"], cwd=ROOT, check=True,
-        )  # fmt: skip
-    info = {"layer_ids_specforge": layer_ids, "plan": plan, "export_seconds": round(time.monotonic() - t0, 1)}
-    printed = json.loads((export_dir / "export_info.json").read_text())["draft_config"]
-    if printed["eagle_aux_hidden_state_layer_ids"] != layer_ids:
-        raise SystemExit(f"export printed layer ids {printed} but the drafts were configured with {layer_ids}")
+    info = {"layer_ids_specforge": layer_ids, "plan": plan, "vocab": inputs["vocab"]}
+    if "real_export" in arms(plan):
+        info.update(export_for_specforge(work, layer_ids))
     if "real_export" in todo:
         procs["real_export"] = launch("real_export")
     info.update(control_sizes(work))
     with cf.ThreadPoolExecutor(max(1, len(procs))) as pool:
-        done = [pool.submit(finish_arm, work, arm, p, t, draft, serving.arms) for arm, (p, t) in procs.items()]
+        done = [pool.submit(finish_arm, work, arm, p, t, inputs["arms"][arm]["draft"], serving.arms)
+                for arm, (p, t) in procs.items()]  # fmt: skip
         for f in cf.as_completed(done):  # each draft's server started here, in the main thread (Serving.start)
             serving.start(f.result())
     for name, v in verifies.items():
@@ -192,12 +207,28 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
             raise SystemExit(f"verify {name} failed: see {work / 'drafts' / f'verify-{name}.log'}")
     info["verified"] = sorted(verifies)
     info["arms"] = {}
-    for arm in ARMS:
+    for arm in arms(plan):
         curve = json.loads((work / "drafts" / f"{arm}-curve.json").read_text())
         info["arms"][arm] = {"log_points": len(curve), "first": curve[0] if curve else None,
                              "last": curve[-1] if curve else None}  # fmt: skip
-    info["direct_vs_export"] = compare_curves(work)
+    if "real_export" in arms(plan):
+        info["direct_vs_export"] = compare_curves(work)
     return info
+
+
+def export_for_specforge(work: Path, layer_ids: list[int]) -> dict:
+    """`python -m recipe.shards export --to specforge` of the real set (once), its printed layer ids
+    checked against the drafts' config."""
+    export_dir, t0 = work / "sf-export", time.monotonic()
+    if not (export_dir / "export_info.json").exists():
+        subprocess.run(
+            [*NICE, sys.executable, "-m", "recipe.shards", "export", "--to", "specforge", str(work / "shards" / "real"),
+             str(export_dir), "--overwrite", "--workers", "8"], cwd=ROOT, check=True,
+        )  # fmt: skip
+    printed = json.loads((export_dir / "export_info.json").read_text())["draft_config"]
+    if printed["eagle_aux_hidden_state_layer_ids"] != layer_ids:
+        raise SystemExit(f"export printed layer ids {printed} but the drafts were configured with {layer_ids}")
+    return {"export_seconds": round(time.monotonic() - t0, 1)}
 
 
 def verify(shards: Path, log_path: Path) -> subprocess.Popen:
@@ -205,9 +236,11 @@ def verify(shards: Path, log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
 
 
-def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: list[int], plan: dict, serve=None):
-    """`serve`: export the draft for SGLang when it is trained (default: the arm is in served_arms)."""
-    cfg = run_yaml(work, arm, features[arm], draft, layer_ids, plan)
+def launch_arm(work: Path, arm: str, inputs: dict, layer_ids: list[int], plan: dict, serve=None):
+    """`inputs`: each arm's features, draft and vocab_map (arm_inputs). `serve`: export the draft for
+    SGLang when it is trained (default: the arm is in served_arms)."""
+    x = inputs[arm]
+    cfg = run_yaml(work, arm, x["features"], x["draft"], layer_ids, plan, x["vocab_map"])
     shutil.rmtree(work / "serve" / arm, ignore_errors=True)  # an earlier call's export is not this one's
     logf = open(work / "drafts" / f"{arm}.log", "w")
     # six trainers, the export's workers and servers share 16 cores: torch's default of a thread per
@@ -217,8 +250,8 @@ def launch_arm(work: Path, arm: str, features: dict, draft: Path, layer_ids: lis
     env = dict(os.environ, DRAFT_TARGET=str(work / "target"), OMP_NUM_THREADS="2")
     serve = arm in served_arms(plan) if serve is None else serve
     beside = arm == "untrained" or (arm == "real_export" and not serve)
-    argv = [*(NICE if beside else ()), sys.executable, str(PACKAGE), *sftrain_argv(work, arm, cfg, draft, serve)]
-    log(f"train {arm}: SpecForge on {features[arm]}")
+    argv = [*(NICE if beside else ()), sys.executable, str(PACKAGE), *sftrain_argv(work, arm, cfg, x["draft"], serve)]
+    log(f"train {arm}: SpecForge on {x['features']}" + (f", vocabulary {x['vocab_map']}" if x["vocab_map"] else ""))
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), time.monotonic()
 
 
