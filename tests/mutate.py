@@ -282,6 +282,12 @@ MUTATIONS = {
         "return [self.prompt(u) + self.encode([r.decode()])[0] + [self.eot] for u, r in pairs]",
         ["tests/test_draft_bench.py::test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts"],
     ),
+    "draft_bench_regen_arm_captures_the_original_answers": (
+        "bench/draft/extract.py",
+        'return {"real": (layers, REGEN), "original": (layers, ())}',
+        'return {"real": (layers, ()), "original": (layers, ())}',
+        ["tests/test_draft_bench.py::test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones"],
+    ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",
         "{'before' if v.shifted > 0 else 'after'}",

@@ -148,3 +148,30 @@ def test_a_call_that_names_its_arms_trains_those_and_the_real_draft():
     plan = {"draft_vocab": 128, "seeds": 3, "fp8": True, "only": ["fp8", "fp8_seed1", "fp8_seed2", "real_seed2"]}
     assert draft.arms(plan) == ("real", "real_seed2", "fp8", "fp8_seed1", "fp8_seed2")
     assert draft.arms({}) == draft.ARMS
+
+
+def test_the_targets_own_style_differs_from_the_files_line_for_line():
+    """--regen: the target answers with tabs and single quotes; the data holds the files' own answers."""
+    reply = b'def f(x):\n    if x:\n        return "a"\n      odd = 1\nprint("b")'
+    assert draft.chat.styled(reply) == b"def f(x):\n\tif x:\n\t\treturn 'a'\n\t  odd = 1\nprint('b')"
+
+
+def test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones(bpe_work, tmp_path):
+    """The real set is captured with the recipe's data.regenerate (the target rewrites each answer through
+    the same server), the original set from the same records as given; seed s of each trains on its own set."""
+    from conftest import compose
+
+    work, _, _ = bpe_work
+    plan = {"regen": True, "seeds": 3, "draft_vocab": 0}
+    assert draft.arms(plan) == ("real", "real_seed1", "real_seed2", "original", "original_seed1", "original_seed2")
+    runs = draft.capture_runs(work, regen=True)
+    assert runs["real"][0] == runs["original"][0] and runs["original"][1] == ()
+    assert "data.regenerate.turns=last" in runs["real"][1] and "data.regenerate.temperature=0" in runs["real"][1]
+    argv = draft.recipe_argv(work, "real", *runs["real"][0:1], 31100, runs["real"][1])
+    cfg = compose([a for a in argv[3:] if not a.startswith("hydra.")])  # the user's command composes as given
+    assert cfg.data.regenerate.turns == "last" and cfg.data.regenerate.temperature == 0
+    inputs = draft.arm_inputs(work, {**plan, "fp8": False}, [1, 7, 12])["arms"]
+    assert {a: x["features"].name for a, x in inputs.items()} == {
+        "real": "real", "real_seed1": "real", "real_seed2": "real",
+        "original": "original", "original_seed1": "original", "original_seed2": "original",
+    }  # fmt: skip

@@ -55,7 +55,7 @@ One module per step (target, data, extract, train, serve), the controls' wrong d
 chat form of the text in chat, servers and the client in servers; scenario runs them in order.
 """
 
-from . import tokenizer
+from . import chat, tokenizer
 from .chat import SYSTEM, Chat, corpus, window
 from .common import ARMS, STOP_GRACE_S, TARGET, arms, eagle3_layers, log
 from .controls import control_sizes, permuted, slot_distances, wrong_norm
@@ -79,6 +79,7 @@ from .train import (
 )
 
 __all__ = [
+    "chat",
     "tokenizer",
     "arm_inputs",
     "SYSTEM",

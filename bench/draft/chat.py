@@ -29,6 +29,17 @@ def corpus(limit_bytes: int = 96 << 20) -> tuple[list[bytes], list[bytes]]:
     return held_in, held_out
 
 
+def styled(reply: bytes) -> bytes:
+    """The target's own style (--regen), unlike the data's original answers, as a chat model's house style
+    differs from the answers another model wrote: indentation in tabs, strings in single quotes."""
+    out = []
+    for line in reply.split(b"\n"):
+        body = line.lstrip(b" ")
+        n = len(line) - len(body)
+        out.append(b"\t" * (n // 4) + b" " * (n % 4) + body)
+    return b"\n".join(out).replace(b'"', b"'")
+
+
 def clean(b: bytes) -> bytes:
     return b.decode("utf-8", "ignore").strip().encode()  # whole characters; the template trims
 

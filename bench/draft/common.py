@@ -58,12 +58,15 @@ VOCAB_ARMS = ("full_vocab", "other_data")  # with a reduced draft vocabulary (--
 def arms(plan: dict) -> tuple[str, ...]:
     """Every arm a scenario trains: the controls; with --draft-vocab the full-vocabulary draft and the
     mapping from other data; the real draft's further seeds (real_seedS); with --fp8 the real draft
-    from the fp8 set, at each seed."""
-    extra = VOCAB_ARMS if plan.get("draft_vocab") else ()
-    seeds = [f"real_seed{s}" for s in range(1, plan.get("seeds", 1))]
-    if plan.get("fp8"):
-        seeds += ["fp8"] + [f"fp8_seed{s}" for s in range(1, plan.get("seeds", 1))]
-    every = (*ARMS, *extra, *seeds)
+    from the fp8 set, at each seed. With --regen: the real draft (from the target's own answers) and
+    the draft from the original answers, at each seed."""
+    n = range(1, plan.get("seeds", 1))
+    if plan.get("regen"):  # the target's own answers (real) against the original ones, seed for seed
+        every = ("real", *(f"real_seed{s}" for s in n), "original", *(f"original_seed{s}" for s in n))
+    else:
+        extra = VOCAB_ARMS if plan.get("draft_vocab") else ()
+        seeds = [f"real_seed{s}" for s in n] + (["fp8", *(f"fp8_seed{s}" for s in n)] if plan.get("fp8") else [])
+        every = (*ARMS, *extra, *seeds)
     only = set(plan.get("only") or every) | {"real"}  # --arms: a call that fits its time; real is always served
     return tuple(arm for arm in every if arm in only)
 

@@ -39,6 +39,22 @@ def data_server(work: Path, warm, probe: list[int]):
     return srv, "fresh server"
 
 
+def original_data(work: Path, n_train: int, n_eval: int, seed: int = 0) -> dict:
+    """--regen: the held-in prompts with their original answers (what follows in the file), as a user's
+    set written by another model; the recipe's data.regenerate has the target rewrite them (extract)."""
+    out = work / "data"
+    if (out / "data.json").exists():
+        return json.loads((out / "data.json").read_text())
+    held_in, held_out = corpus()
+    rng = random.Random(seed + 2)
+    pairs = [window(held_in, rng) for _ in range(n_train)]
+    evals = [window(held_out, rng)[0] for _ in range(n_eval)]
+    kept = write_data(out, [u for u, _ in pairs], evals, [a.decode() for _, a in pairs])
+    info = {"train_conversations": kept, "eval_prompts": n_eval, "answers": "original (the files')"}
+    (out / "data.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
 def make_data(work: Path, n_train: int, n_eval: int, temperature: float, warm=None, seed: int = 0) -> dict:
     from transformers import AutoTokenizer
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .common import DATA_SERVE, TARGET, log
-from .data import make_data
+from .data import make_data, original_data
 from .extract import extract
 from .serve import Serving, serve
 from .servers import server
@@ -53,7 +53,7 @@ def seed_figures(acc: dict) -> dict:
     two means lie within two standard errors of their difference."""
     import statistics
 
-    sets = {k: [a for arm, a in sorted(acc.items()) if arm.split("_seed")[0] == k] for k in ("real", "fp8")}
+    sets = {k: [a for arm, a in sorted(acc.items()) if arm.split("_seed")[0] == k] for k in ("real", "fp8", "original")}
     if len(sets["real"]) < 2:
         return {}
     out = {}
@@ -61,10 +61,13 @@ def seed_figures(acc: dict) -> dict:
         if len(xs) >= 2:
             out[k] = {"seeds": xs, "mean": round(statistics.mean(xs), 4),
                       "se": round(statistics.stdev(xs) / len(xs) ** 0.5, 4)}  # fmt: skip
-    if "fp8" in out:
-        diff = out["fp8"]["mean"] - out["real"]["mean"]
-        se = (out["fp8"]["se"] ** 2 + out["real"]["se"] ** 2) ** 0.5
-        out["fp8_minus_lossless"] = {"diff": round(diff, 4), "se": round(se, 4), "within_2_se": abs(diff) <= 2 * se}
+    for other, name in (("fp8", "fp8_minus_lossless"), ("original", "original_minus_regenerated")):
+        if other in out:
+            diff = out[other]["mean"] - out["real"]["mean"]
+            se = (out[other]["se"] ** 2 + out["real"]["se"] ** 2) ** 0.5
+            out[name] = {"diff": round(diff, 4), "se": round(se, 4), "within_2_se": abs(diff) <= 2 * se}
+    if "original" in out:
+        out["regenerated_over_original"] = round(out["real"]["mean"] / out["original"]["mean"], 4)
     return {"seeds": out}
 
 
@@ -113,6 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Arms compared with each other share one call: the target is trained for --target-seconds, so another
     # call's target differs. A call that must fit its time limit trains the arms named (real always)
     ap.add_argument("--arms", default="", help="comma-separated: only these arms (default: every arm)")
+    # The target answers in a style of its own (chat.styled) and the data holds the files' original answers;
+    # the recipe's data.regenerate has the target rewrite them: drafts from its answers against drafts from
+    # the original ones (with --seeds)
+    ap.add_argument("--regen", action="store_true")
     return ap.parse_args(argv)
 
 
@@ -126,19 +133,29 @@ def main(argv=None) -> int:
     res_path = a.work / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
     plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length,
-                export_steps=a.export_steps, draft_vocab=a.draft_vocab, seeds=a.seeds, fp8=a.fp8,
+                export_steps=a.export_steps, draft_vocab=a.draft_vocab, seeds=a.seeds, fp8=a.fp8, regen=a.regen,
                 only=[x for x in a.arms.split(",") if x])  # fmt: skip
     warm = None
-    if a.step == "all" and "target" not in res:
+    if a.step == "all" and "target" not in res and not a.regen:  # --regen's data step serves nothing
         warm = server(a.work, "data-target", a.work / "target-init", 31000, flags=DATA_SERVE)
     ran_now = set()
     with Serving(a.work, plan) as serving:
         steps = {
             "target": lambda: train_target(
-                a.work, a.target_seconds, a.norm_spread, warm, layers=a.target_layers, bpe_vocab=a.bpe_vocab
+                a.work,
+                a.target_seconds,
+                a.norm_spread,
+                warm,
+                layers=a.target_layers,
+                bpe_vocab=a.bpe_vocab,
+                style=a.regen,
             ),
-            "data": lambda: make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm),
-            "extract": lambda: extract(a.work, fp8=a.fp8),
+            "data": lambda: (
+                original_data(a.work, a.train_conversations, a.eval_prompts)
+                if a.regen
+                else make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm)
+            ),
+            "extract": lambda: extract(a.work, fp8=a.fp8, regen=a.regen),
             "train": lambda: train_drafts(a.work, plan, serving),
             "serve": lambda: serve(a.work, serving),
         }

@@ -9,7 +9,7 @@ import random
 import time
 from pathlib import Path
 
-from .chat import Chat, corpus, window
+from .chat import Chat, corpus, styled, window
 from .common import TARGET, log
 from .tokenizer import bpe_tokenizer
 
@@ -47,11 +47,13 @@ def target_model(chat: Chat, seed: int, config: dict = TARGET):
     return transformers.LlamaForCausalLM(cfg)
 
 
-def target_batch(files: list[bytes], r: random.Random, n: int, chat: Chat, dev: str):
-    """n conversations from random windows, padded to the longest; labels on every real token."""
+def target_batch(files: list[bytes], r: random.Random, n: int, chat: Chat, dev: str, style: bool = False):
+    """n conversations from random windows (each reply in the target's own style, given `style`), padded to
+    the longest; labels on every real token."""
     import torch
 
-    convs = chat.conversations([window(files, r) for _ in range(n)])
+    pairs = [window(files, r) for _ in range(n)]
+    convs = chat.conversations([(u, styled(a)) for u, a in pairs] if style else pairs)
     ids = torch.full((n, max(map(len, convs))), chat.pad, dtype=torch.long)
     for i, c in enumerate(convs):
         ids[i, : len(c)] = torch.tensor(c)
@@ -67,10 +69,12 @@ def train_target(
     seed: int = 0,
     layers: int = TARGET["num_hidden_layers"],
     bpe_vocab: int = 0,
+    style: bool = False,
 ) -> dict:
     """`warm`: a data server to start on the untrained weights (saved first), compiling SGLang's
     kernels on a fresh machine while the target trains; the data step loads the trained weights into it.
-    `bpe_vocab`: a BPE tokenizer of that many ids, trained on the held-in files (else the byte one)."""
+    `bpe_vocab`: a BPE tokenizer of that many ids, trained on the held-in files (else the byte one).
+    `style`: the target answers in its own style (chat.styled), not the files' (--regen)."""
     import torch
 
     from recipe.models import make_tokenizer
@@ -89,20 +93,38 @@ def train_target(
         warm.start()
     mb = sum(map(len, held_in)) >> 20
     log(f"target: {len(tok)} token ids; {len(held_in)} held-in files, {len(held_out)} held-out, {mb} MB")
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     rng, eval_rng = random.Random(seed), random.Random(seed + 1)
-    batch = functools.partial(target_batch, chat=chat, dev=dev)
+    batch = functools.partial(target_batch, chat=chat, dev=dev, style=style)
 
     def loss_of(ids, labels):
         with torch.autocast(dev, dtype=torch.bfloat16):
             return model(input_ids=ids, labels=labels).loss
 
+    t0 = time.monotonic()
+    step, curve = fit(model, loss_of, lambda: batch(held_in, rng, 96), seconds)
+    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "conversations_seen": step * 96}
+    evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
+    info.update(held_out_and_spread(model, loss_of, evals, seed, sigma))
+    info.update(curve=curve, config=config, tokenizer={"kind": "bpe" if bpe_vocab else "byte", "ids": len(tok)})
+    info["reply_style"] = "styled (tabs, single quotes)" if style else "the files'"
+    save_target(model, tok, out)
+    (out / "target.json").write_text(json.dumps(info, indent=1))
+    log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")
+    return info
+
+
+def fit(model, loss_of, next_batch, seconds: float) -> tuple[int, list]:
+    """AdamW for `seconds`, the learning rate warmed up over 100 steps then cosine to a tenth; returns the
+    steps taken and the loss every 100 steps."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     t0, step, curve = time.monotonic(), 0, []
     while (elapsed := time.monotonic() - t0) < seconds:
         lr = 2e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / seconds)))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = loss_of(*batch(held_in, rng, 96))
+        loss = loss_of(*next_batch())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -111,14 +133,7 @@ def train_target(
             curve.append((step, round(elapsed, 1), round(loss.item(), 4)))
             log(f"target step {step} {elapsed:.0f}s loss {loss.item():.3f} lr {lr:.2e}")
         step += 1
-    info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "conversations_seen": step * 96}
-    evals = [batch(held_out, eval_rng, 64) for _ in range(16)]
-    info.update(held_out_and_spread(model, loss_of, evals, seed, sigma))
-    info.update(curve=curve, config=config, tokenizer={"kind": "bpe" if bpe_vocab else "byte", "ids": len(tok)})
-    save_target(model, tok, out)
-    (out / "target.json").write_text(json.dumps(info, indent=1))
-    log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")
-    return info
+    return step, curve
 
 
 def held_out_and_spread(model, loss_of, evals: list, seed: int, sigma: float) -> dict:

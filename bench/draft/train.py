@@ -158,7 +158,7 @@ def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
     out = {}
     for arm in arms(plan):
         kind = arm.split("_seed")[0]
-        features = {"real_export": work / "sf-export", "off_by_one": shards / "off_by_one", "fp8": shards / "fp8"}
+        features = {"real_export": work / "sf-export", **{k: shards / k for k in ("off_by_one", "fp8", "original")}}
         mapping = None if not vocab or kind == "full_vocab" else vocab["other_data" if kind == "other_data" else "real"]
         out[arm] = {"features": features.get(kind, shards / "real"), "draft": full if kind == "full_vocab" else reduced,
                     "vocab_map": mapping["path"] if mapping else None}  # fmt: skip
