@@ -77,7 +77,7 @@ class Journal:
     def __init__(self, out: Path, regen: dict):
         self.path = Path(out) / FILE
         self.turns: dict[tuple[str, int], dict] = {}
-        self.lock = threading.Lock()  # records are written side by side (backend.generate_workers)
+        self.lock = threading.Lock()  # records are written side by side (data.regenerate.concurrency)
         if self.path.is_symlink():  # appending and cutting a torn line would go to the user's file
             raise UserError(f"{self.path} is a link; regeneration writes its own file there: move the link away")
         if self.path.exists():
@@ -157,8 +157,9 @@ class Regenerator:
         plan.samples[:] = kept
 
     def complete(self, job, backend, stop) -> list[Sample]:
-        """The target writes every turn still to write, through the backend (backend.generate_workers
-        records at once); returns what the capture prefills. A stop, or a record whose turn the backend
+        """The target writes every turn still to write, through the backend (data.regenerate.concurrency
+        records at once where the backend batches them, a server; else one at a time); returns what the
+        capture prefills. A stop, or a record whose turn the backend
         failed to write, leaves that record not done (job.todo keeps it: the run says so, a resume
         writes it), and never sends its original answers to the capture."""
         generate = functools.partial(backend.generate, regen=self.data_cfg.regenerate, stop=self.stop)
@@ -167,7 +168,8 @@ class Regenerator:
         left, unwritten, t0 = [s for s in job.todo if s.conversation is not None], [], time.monotonic()
         if left and hasattr(backend, "up"):  # a server launched from this thread: one launched from a pool
             backend.up()  # thread gets its parent-death signal when that thread ends, mid-run
-        with ThreadPoolExecutor(getattr(backend, "generate_workers", 1)) as pool:
+        workers = self.data_cfg.regenerate.concurrency if getattr(backend, "batches_generation", False) else 1
+        with ThreadPoolExecutor(workers) as pool:
             jobs = {pool.submit(self.sample, s, generate): s for s in left}
             for n, f in enumerate(as_completed(jobs), 1):
                 s = jobs[f]

@@ -43,6 +43,9 @@ class RegenerateConfig:  # recipe/regenerate.py; reasoning on or off: data.chat_
     max_new_tokens: int = 2048
     seed: int = 0  # each turn's seed comes from it, the record and the turn: the same on a resume
     cut: Cut = Cut.keep
+    # turns written at once through a server, which batches their decode passes (a decode pass costs about
+    # the same at 16 sequences as at 256); the HF backend writes one at a time. Not in the identity
+    concurrency: int = 256
 
 
 @dataclass
@@ -228,6 +231,7 @@ def validate(cfg) -> None:
         (rg.temperature >= 0, f"data.regenerate.temperature={rg.temperature} must be >= 0 (0: greedy)"),
         (0 < rg.top_p <= 1, f"data.regenerate.top_p={rg.top_p} must be in (0, 1]"),
         (rg.max_new_tokens >= 1, f"data.regenerate.max_new_tokens={rg.max_new_tokens} must be >= 1"),
+        (rg.concurrency >= 1, f"data.regenerate.concurrency={rg.concurrency} must be >= 1"),
         (c.budget_gb > 0, f"capture.budget_gb={c.budget_gb} must be > 0"),
         (c.spread >= 0, f"capture.spread={c.spread} must be >= 0 (0: capture.layers as given)"),
         (c.dump_timeout_s > 0, f"capture.dump_timeout_s={c.dump_timeout_s} must be > 0"),

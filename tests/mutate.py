@@ -288,6 +288,12 @@ MUTATIONS = {
         'return {"real": (layers, ()), "original": (layers, ())}',
         ["tests/test_draft_bench.py::test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones"],
     ),
+    "regeneration_sends_the_captures_concurrency": (
+        "recipe/regenerate.py",
+        'workers = self.data_cfg.regenerate.concurrency if getattr(backend, "batches_generation", False) else 1',
+        "workers = getattr(backend, 'client').concurrency if hasattr(backend, 'client') else 1",
+        ["tests/test_regenerate.py::test_a_server_is_sent_data_regenerate_concurrency_turns_at_once"],
+    ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",
         "{'before' if v.shifted > 0 else 'after'}",

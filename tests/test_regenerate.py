@@ -197,3 +197,31 @@ def test_a_link_in_place_of_the_file_is_refused_and_its_target_untouched(tmp_pat
     with pytest.raises(UserError, match="is a link"):
         run(small_run_cfg(tmp_path, *LAST, limit=2))
     assert user.read_bytes() == b'{"turn": {"id": "x"'  # neither cut nor appended to
+
+
+def test_a_server_is_sent_data_regenerate_concurrency_turns_at_once(tmp_path, monkeypatch):
+    """A server batches the decode passes of the turns it is sent together: regeneration keeps
+    data.regenerate.concurrency of them in flight (not the capture's client.concurrency, 4 here)."""
+    import threading
+    import time
+
+    from test_sglang_backend import sg_cfg
+
+    from recipe.backends import sglang as sg
+
+    lock, now, peak, real = threading.Lock(), [0], [0], sg.SGLangBackend.generate
+
+    def generate(self, *a, **k):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.3)  # every worker gets a turn out before the first comes back
+        try:
+            return real(self, *a, **k)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(sg.SGLangBackend, "generate", generate)
+    cfg = sg_cfg(tmp_path, *LAST, "data.limit=8", "client.self_check=0", "data.regenerate.concurrency=6")
+    assert run(cfg)["ok"] == 8 and peak[0] == 6

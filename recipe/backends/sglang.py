@@ -316,7 +316,7 @@ class SGLangBackend:
         self, model_dir: Path, dump_dir: Path, output_dir: Path, *, server, client, capture, nccl, run_dir=None
     ):
         self.opts, self.client = server, client
-        self.generate_workers = client.concurrency  # data.regenerate: records written side by side
+        self.batches_generation = True  # data.regenerate: data.regenerate.concurrency turns written at once
         self.starting, self.started = threading.Lock(), False
         self.dump_dir, self.rid_prefix = dump_dir, capture.rid_prefix  # the hook dumps requests with this prefix
         self.url = f"http://{server.host}:{server.port}"
