@@ -110,9 +110,9 @@ def tail(packer, t_end, timeout_s=600.0) -> dict:
     return marks
 
 
-def arm_overrides(args, name: str, dump_parent: Path) -> list[str]:
+def arm_overrides(args, name: str, dump_parent: Path, extra: tuple = ()) -> list[str]:
     """The recipe config of one arm (an 8B-shape model; with --fake, the tiny one on the fake server)."""
-    over = [
+    over = [*extra,
         "backend=sglang",
         f"output_dir={args.work}/out-{name}",
         f"capture.dump_dir={dump_parent}",
@@ -145,10 +145,10 @@ def arm_overrides(args, name: str, dump_parent: Path) -> list[str]:
     return over
 
 
-def arm_backend(args, name: str, model_dir, dump_parent: Path, stats_file: Path):
+def arm_backend(args, name: str, model_dir, dump_parent: Path, stats_file: Path, extra: tuple = ()):
     """The backend of one arm, its server's hook switched to what the arm measures: off (plain),
     capture without writing (capture), or the whole dump (dump); hook timings to stats_file."""
-    cfg = compose(arm_overrides(args, name, dump_parent))
+    cfg = compose(arm_overrides(args, name, dump_parent, extra))
     be = SGLangBackend(model_dir, dump_parent, Path(args.work) / f"out-{name}", server=cfg.server, client=cfg.client,
                        capture=cfg.capture, nccl=cfg.nccl, run_dir=Path(args.work) / f"logs-{name}")  # fmt: skip
     if name == "plain":

@@ -22,6 +22,9 @@ ids), 512-4096 bytes per sample.
       # the machine: a set larger than the disk goes to the RAM disk
   python bench/product.py --abba --samples 2000 --out product.json     # warm-up, then A B B A on one machine;
       # each arm recorded as it ends: the same command again (same --out) goes on where a call stopped
+  python bench/product.py --abba --self-check-cost --samples 300       # ... with the self-check off in the middle
+  python bench/product.py --abba --regenerate 512 --samples 1000       # data.regenerate.turns=last, against
+      # plain generation to the same lengths then plain prefill (bench/plain_regen.py)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import plain_regen  # noqa: E402  (the plain arm of --regenerate)
 import prefill  # noqa: E402  (the plain arm)
 import shapes  # noqa: E402  (the target shapes and their weights)
 
@@ -140,12 +144,24 @@ def stored_samples(out: Path) -> list[Sample]:
     return samples
 
 
-def plain_arm(args, model_dir: Path, out: Path | list) -> dict:
-    """The same ids (a product arm's set, or its samples), on a fresh server with the recipe's default
-    flags and the dump off."""
-    samples = stored_samples(out) if isinstance(out, Path) else out
-    cfg = prefill.compose(["backend=sglang"])  # the defaults the product ran with
-    ns = SimpleNamespace(
+def regen_rows(out: Path) -> list[tuple[str, list[int], int]]:
+    """(sample id, prompt ids, generated length) of each sample a --regenerate product arm stored: its ids
+    less the turn regenerated.jsonl says the target wrote."""
+    from recipe.regenerate import FILE
+
+    lines = [json.loads(x) for x in (out / FILE).read_text().splitlines()]
+    generated = {t["turn"]["id"]: len(t["turn"]["generated"]) for t in lines if "turn" in t}
+    rows = []
+    for s in stored_samples(out):
+        n = generated[s.id]
+        rows.append((s.id, s.input_ids[: len(s.input_ids) - n].tolist(), n))
+    return rows
+
+
+def plain_args(args) -> SimpleNamespace:
+    """bench/prefill.py's arm settings at the recipe's defaults, the ones the product ran with."""
+    cfg = prefill.compose(["backend=sglang"])
+    return SimpleNamespace(
         shm=args.shm,
         work=args.work,
         port=args.port + 1,
@@ -160,7 +176,16 @@ def plain_arm(args, model_dir: Path, out: Path | list) -> dict:
         fake=args.fake,
         no_sync_records=False,
     )
-    return prefill.arm("plain", ns, model_dir, samples, warm=[])
+
+
+def plain_arm(args, model_dir: Path, out: Path | list) -> dict:
+    """The same ids (a product arm's set, or its samples), on a fresh server with the recipe's default
+    flags and the dump off; with --regenerate, plain generation to the same lengths, then that prefill
+    (bench/plain_regen.py)."""
+    if args.regenerate:
+        return plain_regen.arm(plain_args(args), model_dir, regen_rows(out) if isinstance(out, Path) else out)
+    samples = stored_samples(out) if isinstance(out, Path) else out
+    return prefill.arm("plain", plain_args(args), model_dir, samples, warm=[])
 
 
 def prepare_model(args) -> Path:
@@ -168,6 +193,8 @@ def prepare_model(args) -> Path:
     sets args.flags, the recipe overrides every product arm takes."""
     args.attention_backend = args.attention_backend or shapes.SHAPES[args.shape].attention
     args.flags = [f"server.args.attention_backend={args.attention_backend}", f"shards.codec={args.codec}"]
+    if args.regenerate:  # the target answers each record's last turn first, as data.regenerate does
+        args.flags += ["data.regenerate.turns=last", f"data.regenerate.max_new_tokens={args.regenerate}"]
     if args.fake:
         from recipe.models import materialize
 
@@ -256,19 +283,27 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
             extra = ("client.self_check=0",) if name.startswith("nocheck") else ()
             arm = product_arm(args, name, model_dir, warm_data if name == "warmup" else data, extra)
             if name == "product-A1":
-                samples = stored_samples(Path(arm["out"]))
-                ids_file.write_text(json.dumps({x.id: x.input_ids.tolist() for x in samples}))
+                samples = regen_rows(Path(arm["out"])) if args.regenerate else stored_samples(Path(arm["out"]))
+                ids_file.write_text(
+                    json.dumps(samples if args.regenerate else {x.id: x.input_ids.tolist() for x in samples})
+                )
             shutil.rmtree(arm["out"], ignore_errors=True)
         else:
             if samples is None:  # A1 ran in an earlier call, on this machine's disk
-                stored = json.loads(ids_file.read_text())
-                samples = [Sample(id=k, input_ids=np.asarray(v, np.int32), loss_mask=np.ones(len(v), np.uint8),
-                                  source="bench", key=k) for k, v in stored.items()]  # fmt: skip
+                samples = kept_samples(json.loads(ids_file.read_text()), args.regenerate)
             arm = plain_arm(args, model_dir, samples)
         res["arms"][name] = {**arm, "machine": here}
         save()
     res.update(abba_figures(res["arms"]))
     res["one machine"] = len({json.dumps(res["arms"][k]["machine"]) for k in order}) == 1
+
+
+def kept_samples(stored, regenerate: int) -> list:
+    """What abba kept of A1 for a later call's plain arms: rows (--regenerate) or samples."""
+    if regenerate:
+        return [tuple(r) for r in stored]
+    return [Sample(id=k, input_ids=np.asarray(v, np.int32), loss_mask=np.ones(len(v), np.uint8), source="bench",
+                   key=k) for k, v in stored.items()]  # fmt: skip
 
 
 def abba_figures(arms: dict) -> dict:
@@ -316,6 +351,8 @@ def main():
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     ap.add_argument("--abba", action="store_true", help="warm-up, then product, plain, plain, product (resumable)")
     ap.add_argument("--self-check-cost", action="store_true", help="--abba with the self-check off in the middle")
+    # data.regenerate.turns=last with max_new_tokens N, against plain generation then plain prefill
+    ap.add_argument("--regenerate", type=int, default=0, metavar="N")
     args = ap.parse_args()
     t0 = time.monotonic()
     work = Path(args.work)
