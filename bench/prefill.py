@@ -112,7 +112,8 @@ def tail(packer, t_end, timeout_s=600.0) -> dict:
 
 def arm_overrides(args, name: str, dump_parent: Path, extra: tuple = ()) -> list[str]:
     """The recipe config of one arm (an 8B-shape model; with --fake, the tiny one on the fake server)."""
-    over = [*extra,
+    over = [
+        *extra,
         "backend=sglang",
         f"output_dir={args.work}/out-{name}",
         f"capture.dump_dir={dump_parent}",
