@@ -294,6 +294,12 @@ MUTATIONS = {
         "workers = getattr(backend, 'client').concurrency if hasattr(backend, 'client') else 1",
         ["tests/test_regenerate.py::test_a_server_is_sent_data_regenerate_concurrency_turns_at_once"],
     ),
+    "run_log_takes_a_line_per_request": (
+        "recipe/backends/sglang.py",
+        'logging.getLogger("httpx").setLevel(logging.WARNING)',
+        'logging.getLogger("httpx").setLevel(logging.INFO)',
+        ["tests/test_sglang_backend.py::test_the_run_log_holds_its_progress_not_a_line_per_request"],
+    ),
     "self_check_names_the_shift_backwards": (
         "recipe/selfcheck.py",
         "{'before' if v.shifted > 0 else 'after'}",

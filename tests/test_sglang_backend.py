@@ -200,6 +200,12 @@ def test_the_self_check_judges_the_first_samples_and_passes_a_right_final_slot(t
     assert len(judged) == 3, judged
 
 
+def test_the_run_log_holds_its_progress_not_a_line_per_request(tmp_path, caplog):
+    caplog.set_level("INFO")
+    assert run(sg_cfg(tmp_path, "data.limit=6"))["ok"] == 6
+    assert "HTTP Request" not in caplog.text and "server ready after" in caplog.text
+
+
 def test_the_self_checks_requests_are_prefill_only_and_go_out_with_the_rest(tmp_path, monkeypatch):
     """No request asks for a generated token: SGLang decodes only when no prefill is pending, so one
     that did came back last (or, sent alone first, held the run back by its decode pass). The

@@ -31,6 +31,8 @@ from ..selfcheck import SelfCheck, SelfCheckFailed, judge_as_stored, judge_the_r
 from . import sglang_generate
 
 log = logging.getLogger(__name__)
+# httpx logs one INFO line per request: thousands per run, drowning the run's progress lines in its log
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 # Flags the dump depends on. Python in the forward pass does not run when a CUDA graph replays, so a
 # prefill graph would leave silent holes, and a radix-cache hit leaves the cached prefix uncomputed.
