@@ -177,7 +177,7 @@ THROUGH_ITS_INPUTS = {  # in the identity through what they name: the files' has
 LEAVES_NOTHING = {  # how a set is made, or where: the samples stay the same samples
     "model.name", "data.limit", "data.max_failures", "capture.dump_dir",
     "capture.budget_gb", "capture.rid_prefix", "capture.dump_timeout_s", "capture.writer_queue",
-    "capture.writer_threads", "output_dir", "dry_run", "log_every_s",
+    "capture.writer_threads", "output_dir", "dry_run", "log_every_s", "data.regenerate.concurrency",
 }  # fmt: skip
 GROUPS_OF_THEIR_OWN = ("backend", "server", "client", "nccl", "shards", "hydra")  # runtime: see below
 

@@ -138,6 +138,7 @@ def test_every_regeneration_setting_is_in_the_identity_once_it_is_on():
     assert on != ident()
     for flip in ("turns=all", "temperature=0.1", "top_p=0.5", "max_new_tokens=7", "seed=3", "cut=skip"):
         assert ident("data.regenerate.turns=last", f"data.regenerate.{flip}") != on, flip
+    assert ident("data.regenerate.turns=last", "data.regenerate.concurrency=3") == on  # how, not what
 
 
 @pytest.mark.parametrize("cut, ok, skipped", [("keep", 3, 0), ("skip", 0, 3)])
