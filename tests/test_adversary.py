@@ -79,20 +79,7 @@ def damage(out: Path, rng: random.Random) -> str:
         idx.write_bytes(idx.read_bytes()[:at])
         return f"cut index at {at}"
     if kind in ("line_gone", "line_twice", "line_edit", "line_garbage") and lines:
-        i = rng.randrange(len(lines))
-        if kind == "line_gone":
-            del lines[i]
-        elif kind == "line_twice":
-            lines.insert(rng.randrange(len(lines) + 1), lines[i])
-        elif kind == "line_garbage":
-            lines[i] = rng.choice(["{}", "1", "[", '{"id": 3}', "null"])
-        else:
-            rec = json.loads(lines[i])
-            field = rng.choice(["id", "key", "shard", "offset", "length", "tokens", "crc32", "raw_bytes"])
-            rec[field] = rng.choice([0, 7, -1, "x", None, json.loads(rng.choice(lines)).get(field)])
-            lines[i] = json.dumps(rec)
-        idx.write_text("".join(x + "\n" for x in lines))
-        return f"{kind} {i}"
+        return damage_line(idx, lines, kind, rng)
     if kind == "manifest" and (out / "manifest.json").exists():
         m = out / "manifest.json"
         m.write_text(rng.choice(["{}", "{", "[]", m.read_text().replace('"layers": [', '"layers": [9, ')]))
@@ -110,6 +97,24 @@ def damage(out: Path, rng: random.Random) -> str:
         a.with_name("tmp").rename(b)
         return f"swap {a.name} {b.name}"
     return "nothing"
+
+
+def damage_line(idx: Path, lines: list[str], kind: str, rng: random.Random) -> str:
+    """One index line gone, doubled, made garbage, or one of its fields edited."""
+    i = rng.randrange(len(lines))
+    if kind == "line_gone":
+        del lines[i]
+    elif kind == "line_twice":
+        lines.insert(rng.randrange(len(lines) + 1), lines[i])
+    elif kind == "line_garbage":
+        lines[i] = rng.choice(["{}", "1", "[", '{"id": 3}', "null"])
+    else:
+        rec = json.loads(lines[i])
+        field = rng.choice(["id", "key", "shard", "offset", "length", "tokens", "crc32", "raw_bytes"])
+        rec[field] = rng.choice([0, 7, -1, "x", None, json.loads(rng.choice(lines)).get(field)])
+        lines[i] = json.dumps(rec)
+    idx.write_text("".join(x + "\n" for x in lines))
+    return f"{kind} {i}"
 
 
 def vouched(out: Path, frames: dict) -> set:
