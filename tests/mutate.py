@@ -37,8 +37,8 @@ MUTATIONS = {
     ),
     "self_check_head_read_beside_the_capture": (
         "recipe/backends/sglang.py",
-        '            threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()',
-        "            pass",
+        '                    threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()',
+        "                    pass",
         ["tests/test_sglang_backend.py::test_the_self_checks_head_is_read_while_the_server_starts"],
     ),
     "seam_leaves_flag_stacks_unflagged": (

@@ -232,9 +232,11 @@ def test_the_self_checks_requests_are_prefill_only_and_go_out_with_the_rest(tmp_
     assert events.count("answered") == 3 and events.count("send") == 5
 
 
-def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("regenerate", [False, True])
+def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypatch, regenerate):
     """Reading and widening lm_head (2 GB of float32 for an 8B target) happens before the server is ready,
-    not beside the capture, where it competed with the packer for the host's cores (one H100 run)."""
+    not beside the capture, where it competed with the packer for the host's cores (one H100 run); also
+    when regeneration starts the server, long before the capture."""
     import threading
 
     from recipe import selfcheck
@@ -256,7 +258,8 @@ def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypa
 
     monkeypatch.setattr(selfcheck.SelfCheck, "warm", warm_first)
     monkeypatch.setattr(sg.Server, "wait_ready", ready_after)
-    assert run(sg_cfg(tmp_path, "data.limit=4", "client.self_check=2"))["ok"] == 4
+    regen = ["data.regenerate.turns=last", "data.regenerate.max_new_tokens=8"] if regenerate else []
+    assert run(sg_cfg(tmp_path, "data.limit=4", "client.self_check=2", *regen))["ok"] == 4
     assert order[:2] == ["warm", "ready"], order
 
 

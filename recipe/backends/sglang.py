@@ -347,16 +347,18 @@ class SGLangBackend:
     def run(self, samples, sink, should_stop=lambda: False) -> None:
         if getattr(sink, "store", None) is None:  # a sink that stores nothing has nothing to check
             self.check = None
-        if self.check:  # the head read and widened while the server starts, off the capture's cores
-            threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()
         self.up()
         sink.progress.start()  # rates count the capture, not the server's start
         asyncio.run(self._send_all(samples, sink, should_stop))
 
     def up(self) -> None:
-        """The server launched and answering, once: regeneration's threads may each ask first."""
+        """The server launched and answering, once: regeneration's threads may each ask first. The
+        self-check's head is read and widened meanwhile, off the capture's cores (also when regeneration
+        starts the server, long before the capture)."""
         with self.starting:
             if not self.started:
+                if self.check:
+                    threading.Thread(target=self.check.warm, name="self-check-warm", daemon=True).start()
                 if self.opts.launch:
                     self.server.start()
                 self.server.wait_ready()
