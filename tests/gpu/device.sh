@@ -6,7 +6,7 @@
 #   bash tests/gpu/device.sh proof      # patch SGLang in /tmp/site, run tests/gpu -> $OUT/{report.json,pytest.log,servers.log}
 #   bash tests/gpu/device.sh bench      # bench/prefill.py -> $OUT/bench.json, bench.log
 #   bash tests/gpu/device.sh product    # bench/product.py (python -m recipe vs plain) -> $OUT/product.json, logs
-#   bash tests/gpu/device.sh draft      # bench/draft all -> $OUT/draft.json, draft.log, draft-logs.tgz
+#   bash tests/gpu/device.sh draft      # bench/draft all [its options] -> $OUT/draft.json, draft.log, draft-logs.tgz
 #   bash tests/gpu/device.sh draft-peer # bench/draft_peer.py (after draft, same machine) -> $OUT/draft-peer.json, logs
 #   bash tests/gpu/device.sh peers      # bench/peers.py (SpecForge's own extraction beside ours) -> $OUT/peers.json
 #   bash tests/gpu/device.sh driverless # the image build's patch smoke with no GPU, then no driver -> $OUT/driverless.jsonl
@@ -36,7 +36,8 @@ case "${1:-install}" in
     for f in /tmp/gpu-proof/server-*.log; do echo "=== $f"; tail -n 150 "$f"; done > "$OUT/servers.log" 2>&1 ;;
   draft)
     timeout 585 python3 bench/draft all --work /tmp/draft --out "$OUT/draft.json" "${@:2}" 2>&1 | tee "$OUT/draft.log" | grep -v "HTTP Request" | tail -60
-    (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json data/data.json) ;;
+    (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json \
+      data/data.json $(ls vocab/vocab.json vocab/*/vocab_map.json 2>/dev/null)) ;;
   draft-peer)
     timeout 585 python3 bench/draft_peer.py --work /tmp/draft --out "$OUT/draft-peer.json" "${@:2}" 2>&1 | tee "$OUT/draft-peer.log" | grep -v "HTTP Request" | tail -40
     (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed*.log) ;;
