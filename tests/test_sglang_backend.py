@@ -258,7 +258,8 @@ def test_the_self_checks_head_is_read_while_the_server_starts(tmp_path, monkeypa
 
     monkeypatch.setattr(selfcheck.SelfCheck, "warm", warm_first)
     monkeypatch.setattr(sg.Server, "wait_ready", ready_after)
-    regen = ["data.regenerate.turns=last", "data.regenerate.max_new_tokens=8"] if regenerate else []
+    regen = ["data.regenerate.turns=last", "data.regenerate.max_new_tokens=16", "data.max_length=4096"]
+    regen = regen if regenerate else []
     assert run(sg_cfg(tmp_path, "data.limit=4", "client.self_check=2", *regen))["ok"] == 4
     assert order[:2] == ["warm", "ready"], order
 
