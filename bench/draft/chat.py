@@ -7,6 +7,8 @@ import random
 import sysconfig
 from pathlib import Path
 
+from recipe.models.common import padded
+
 from .common import REPLY_BYTES, USER_BYTES
 
 
@@ -69,7 +71,7 @@ class Chat:
             ids(s) for s in ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
         )
         self.pad = tok.pad_token_id
-        self.vocab = -(-len(tok) // 16) * 16  # rounded up, as real vocabularies are padded
+        self.vocab = padded(len(tok))
         msgs = [{"role": "system", "content": SYSTEM.decode()}, {"role": "user", "content": "u"}]
         rendered = tok.apply_chat_template([*msgs, {"role": "assistant", "content": "r"}], tokenize=False)
         assert rendered == self.text("u", "r"), "the tokenizer's chat template is not llama3's"

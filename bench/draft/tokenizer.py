@@ -10,9 +10,9 @@ TRAIN_BYTES = 24 << 20  # of the held-in files: enough for stable merges, second
 
 def bpe_tokenizer(files: list[bytes], vocab: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     from recipe.models import llama
+    from recipe.models.common import fast_tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -22,11 +22,7 @@ def bpe_tokenizer(files: list[bytes], vocab: int):
         show_progress=False,
     )  # fmt: skip
     tok.train_from_iterator(texts(files), trainer=trainer)
-    bos, eos, pad = llama.SPECIALS[:3]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad)
-    fast.add_special_tokens({"additional_special_tokens": [s for s in llama.SPECIALS if s not in (bos, eos, pad)]})
-    fast.chat_template = llama.LLAMA3
-    return fast
+    return fast_tokenizer(tok, llama.SPECIALS, llama.LLAMA3)
 
 
 def texts(files: list[bytes]):

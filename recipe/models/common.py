@@ -18,7 +18,6 @@ def tokenizer(specials: list[str], template: str, named: dict | None = None):
     """Byte-level BPE with no merges plus the family's markers (specials[:3] = bos, eos, pad); `named`
     gives markers the attribute names a processor reads (Gemma-4's `image_token`, `boi_token`, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_chars = bytes_to_unicode()
@@ -26,6 +25,14 @@ def tokenizer(specials: list[str], template: str, named: dict | None = None):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)  # ids BYTES + index, in the family's order, before any is named
+    return fast_tokenizer(tok, specials, template, named)
+
+
+def fast_tokenizer(tok, specials: list[str], template: str, named: dict | None = None):
+    """A trained `tokenizers` object as transformers loads it: specials[:3] = bos, eos, pad, the other
+    markers special too, and the chat template."""
+    from transformers import PreTrainedTokenizerFast
+
     bos, eos, pad = specials[:3]
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad,
                                    extra_special_tokens=named or {})  # fmt: skip
@@ -40,7 +47,11 @@ def family_tokenizer(family):
 
 
 def vocab_size(specials: list[str]) -> int:
-    return -(-(BYTES + len(specials)) // 16) * 16  # rounded up, as real vocabularies are padded
+    return padded(BYTES + len(specials))
+
+
+def padded(n: int) -> int:
+    return -(-n // 16) * 16  # rounded up, as real vocabularies are padded
 
 
 def token_ids(tok) -> dict:
