@@ -282,6 +282,12 @@ MUTATIONS = {
         "return [self.prompt(u) + self.encode([r.decode()])[0] + [self.eot] for u, r in pairs]",
         ["tests/test_draft_bench.py::test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts"],
     ),
+    "draft_bench_target_keeps_its_weights_on_the_gpu": (
+        "bench/draft/target.py",
+        "    del model, loss_of, evals\n",
+        "",
+        ["tests/test_draft_bench.py::test_the_target_step_leaves_the_gpu_to_the_trainers_that_follow"],
+    ),
     "draft_bench_regen_arm_captures_the_original_answers": (
         "bench/draft/extract.py",
         'return {"real": (layers, REGEN), "original": (layers, ())}',

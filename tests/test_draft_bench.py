@@ -175,3 +175,22 @@ def test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_o
         "real": "real", "real_seed1": "real", "real_seed2": "real",
         "original": "original", "original_seed1": "original", "original_seed2": "original",
     }  # fmt: skip
+
+
+def test_the_target_step_leaves_the_gpu_to_the_trainers_that_follow(tmp_path, monkeypatch):
+    """The bench's own process trains the target, then spawns trainers and servers on the same GPU: it
+    frees its cache once the model is gone (a 16K-id target's kept 58 GB, and the trainers ran out)."""
+    import weakref
+
+    import torch
+
+    models, freed = [], []
+    build = draft.target.target_model
+    monkeypatch.setattr(draft.target, "target_model", lambda *a: models.append(weakref.ref(m := build(*a))) or m)
+    monkeypatch.setattr(draft.target, "corpus", lambda: draft.corpus(1 << 20))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append([r() is None for r in models]))
+    tiny = dict(draft.TARGET, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    monkeypatch.setattr(draft.target, "TARGET", tiny)
+    draft.target.train_target(tmp_path, 0.5, 3.0, layers=2)
+    assert (tmp_path / "target" / "target.json").exists()
+    assert freed == [[True]], "the cache was not freed, or freed while the target's weights were still held"

@@ -96,10 +96,7 @@ def train_target(
     rng, eval_rng = random.Random(seed), random.Random(seed + 1)
     batch = functools.partial(target_batch, chat=chat, dev=dev, style=style)
 
-    def loss_of(ids, labels):
-        with torch.autocast(dev, dtype=torch.bfloat16):
-            return model(input_ids=ids, labels=labels).loss
-
+    loss_of = functools.partial(causal_loss, model, dev)
     t0 = time.monotonic()
     step, curve = fit(model, loss_of, lambda: batch(held_in, rng, 96), seconds)
     info = {"steps": step, "seconds": round(time.monotonic() - t0, 1), "conversations_seen": step * 96}
@@ -108,9 +105,20 @@ def train_target(
     info.update(curve=curve, config=config, tokenizer={"kind": "bpe" if bpe_vocab else "byte", "ids": len(tok)})
     info["reply_style"] = "styled (tabs, single quotes)" if style else "the files'"
     save_target(model, tok, out)
+    # The trainers and servers that follow need the GPU: a 16K-id target's activations left 58 GB in this
+    # process's cache, and the drafts' trainers ran out of memory beside it on an 80 GB H100
+    del model, loss_of, evals
+    torch.cuda.empty_cache()
     (out / "target.json").write_text(json.dumps(info, indent=1))
     log(f"target: held-out loss {info['held_out_loss_nats_per_token']:.3f} nats/token after {step} steps")
     return info
+
+
+def causal_loss(model, dev: str, ids, labels):
+    import torch
+
+    with torch.autocast(dev, dtype=torch.bfloat16):
+        return model(input_ids=ids, labels=labels).loss
 
 
 def fit(model, loss_of, next_batch, seconds: float) -> tuple[int, list]:
