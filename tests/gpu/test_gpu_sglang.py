@@ -407,6 +407,64 @@ def test_cuda_graphs_on_are_caught(tmp_path):
             pytest.skip("no prefill CUDA graph replayed here, so nothing was there to catch (docs/benchmarks.md)")
 
 
+REGEN = (  # greedy, so the stored final states must pick the generated ids as the server did
+    "data.regenerate.turns=last", "data.regenerate.temperature=0", "data.regenerate.max_new_tokens=64",
+    "server.args.cuda_graph_backend_decode=null",  # SGLang's default: decode graphs on, as regeneration runs
+)  # fmt: skip
+
+
+def test_regeneration_decodes_on_graphs_and_dumps_each_capture_once():
+    """data.regenerate on the real server: the target writes the last answers with decode CUDA graphs
+    on, then the capture prefills each whole conversation. The writers' trace holds the capture's
+    requests alone, each row once (no generation prefill, no decode pass); each stored sample's ids are
+    its prompt's ids plus the ids the server generated (regenerated.jsonl), the mask on those alone;
+    and the stored final states pick those ids greedily, as the server did."""
+    kind = "llama"
+    with Running(kind, 32120, *REGEN) as srv:
+        out = WORK / "out-regenerate"
+        shutil.rmtree(out, ignore_errors=True)
+        counts = srv.recipe(out, *REGEN)
+        writers = [tuple(x.split()) for f in srv.trace.iterdir() for x in f.read_text().splitlines()]
+    decode_lines = [x for x in srv.log.read_text(errors="replace").splitlines() if "Decode batch" in x]
+    reader, rows = ShardReader(out), regenerated_rows(out)
+    spans: dict = {}
+    for rid, off, n in writers:
+        spans.setdefault(rid, []).append((int(off), int(n)))
+    exact, agree, generated = 0, 0, 0
+    head = lm_head(kind)
+    for rec in reader.records:
+        x, turn = reader.get(rec["id"]), rows["turns"][rec["id"]]
+        ids, mask, gen = x["input_ids"].numpy(), x["loss_mask"].numpy(), np.asarray(turn["generated"])
+        exact += bool(np.array_equal(ids, rows["ids"][rec["id"]]) and np.array_equal(ids[-len(gen) :], gen)
+                      and np.array_equal(np.flatnonzero(mask), np.arange(len(ids) - len(gen), len(ids))))  # fmt: skip
+        pred = (x["hidden"][:-1, -1].float() @ head.T).argmax(-1).numpy()  # the final slot: what lm_head reads
+        agree += int((pred[len(ids) - len(gen) - 1 :] == gen).sum())
+        generated += len(gen)
+    REPORT["regenerate"] = {
+        "counts": counts, "samples": len(reader.records), "exact_ids": exact, "generated_tokens": generated,
+        "greedy_agreement": round(agree / max(generated, 1), 4), "traced_requests": len(spans),
+        "decode_log_lines": len(decode_lines),
+        "decode_lines_on_graphs": sum("cuda graph: True" in x for x in decode_lines),
+    }  # fmt: skip
+    save_report()
+    assert not counts["failed"] and counts["ok"] == len(reader.records) > 30 and generated > 0, REPORT["regenerate"]
+    assert set(spans) == {"hsx-" + r["id"] for r in reader.records}, "a request other than the capture's was dumped"
+    assert all(rows_once(spans["hsx-" + r["id"]], r["tokens"]) for r in reader.records), "a row dumped twice or never"
+    assert exact == len(reader.records), REPORT["regenerate"]
+    assert REPORT["regenerate"]["greedy_agreement"] >= 0.95, REPORT["regenerate"]
+    assert FAKE or REPORT["regenerate"]["decode_lines_on_graphs"] > 0, decode_lines[:3]  # the fake logs none
+
+
+def regenerated_rows(out: Path) -> dict:
+    """regenerated.jsonl: each sample's generated turn and its conversation's ids."""
+    rows = [json.loads(x) for x in (out / "regenerated.jsonl").read_text().splitlines()]
+    conversations = [r["conversation"] for r in rows if "conversation" in r]
+    return {
+        "turns": {r["turn"]["id"]: r["turn"] for r in rows if "turn" in r},
+        "ids": {c["id"]: np.asarray(c["input_ids"]) for c in conversations},
+    }
+
+
 def rows_once(spans, n: int) -> bool:
     """The pieces (offset, tokens) of one request cover its rows [0, n) exactly once."""
     at = 0
