@@ -272,8 +272,14 @@ MUTATIONS = {
     ),
     "draft_bench_other_data_arm_gets_the_sets_mapping": (
         "bench/draft/train.py",
-        'vocab["other_data" if kind == "other_data" else "real"]',
+        'vocab[kind if kind in CONTROL_MAPS else "real"]',
         'vocab["real"]',
+        ["tests/test_draft_bench.py::test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping"],
+    ),
+    "draft_bench_shuffled_mapping_keeps_the_sets_ids": (
+        "bench/draft/vocab.py",
+        "perm = np.random.default_rng(seed).permutation(target)",
+        "perm = np.arange(target)",
         ["tests/test_draft_bench.py::test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping"],
     ),
     "draft_bench_target_trains_on_other_ids_than_extracted": (

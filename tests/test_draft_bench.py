@@ -103,7 +103,8 @@ def test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts(bpe_work)
 
 def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
     """--draft-vocab: the set's own mapping (the recipe's vocab-map) for the real draft, its controls and
-    seeds; none for full_vocab (the whole vocabulary); the prose's for other_data; fp8 arms on the fp8 set.
+    seeds; none for full_vocab (the whole vocabulary); the prose's for other_data, the set's counts on
+    shuffled ids for shuffled; fp8 arms on the fp8 set.
     A mapping or a set crossed over would void the comparison."""
     import json
 
@@ -114,10 +115,11 @@ def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
             "ttt_length": 3, "export_steps": 60, "samples": 8}  # fmt: skip
     got = draft.arm_inputs(work, plan, [1, 7, 12])
     arms = got["arms"]
-    assert set(arms) == {*draft.ARMS, "full_vocab", "other_data", "real_seed1", "fp8", "fp8_seed1"}
-    real_map, other_map = (
+    assert set(arms) == {*draft.ARMS, "full_vocab", "other_data", "shuffled", "real_seed1", "fp8", "fp8_seed1"}
+    real_map, other_map, moved_map = (
         str(work / "vocab" / "real" / "vocab_mapping.pt"),
         str(work / "vocab" / "other" / "vocab_mapping.pt"),
+        str(work / "vocab" / "shuffled" / "vocab_mapping.pt"),
     )
     for arm in (
         "real",
@@ -132,13 +134,16 @@ def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
     ):
         assert arms[arm]["vocab_map"] == real_map, arm
     assert arms["other_data"]["vocab_map"] == other_map and arms["full_vocab"]["vocab_map"] is None
+    assert arms["shuffled"]["vocab_map"] == moved_map
     assert arms["fp8_seed1"]["features"] == arms["fp8"]["features"] == work / "shards" / "fp8"
     assert arms["real_seed1"]["features"] == work / "shards" / "real"
     sizes = {arm: json.loads(x["draft"].read_text())["draft_vocab_size"] for arm, x in arms.items()}
     assert sizes.pop("full_vocab") == draft.Chat(tok).vocab and set(sizes.values()) == {128}
-    ours, theirs = torch.load(real_map), torch.load(other_map)
-    assert ours["d2t"].numel() == theirs["d2t"].numel() == 128 and not torch.equal(ours["t2d"], theirs["t2d"])
-    assert got["vocab"]["real"]["coverage"] > got["vocab"]["other_data"]["coverage"]
+    ours, theirs, moved = torch.load(real_map), torch.load(other_map), torch.load(moved_map)
+    assert ours["d2t"].numel() == theirs["d2t"].numel() == moved["d2t"].numel() == 128
+    assert not torch.equal(ours["t2d"], theirs["t2d"]) and not torch.equal(ours["t2d"], moved["t2d"])
+    cover = {k: got["vocab"][k]["coverage"] for k in ("real", "other_data", "shuffled")}
+    assert cover["real"] > cover["other_data"] and cover["real"] > cover["shuffled"], cover
     cfg = json.loads(draft.run_yaml(work, "fp8_seed1", arms["fp8_seed1"]["features"], arms["fp8_seed1"]["draft"],
                                     [1, 7, 12], plan, arms["fp8_seed1"]["vocab_map"]).read_text())  # fmt: skip
     assert cfg["training"]["seed"] == 1 and cfg["model"]["vocab_mapping_path"] == real_map

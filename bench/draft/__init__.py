@@ -40,7 +40,8 @@ A real vocabulary and the draft users train (`--bpe-vocab 16384 --draft-vocab 40
 BPE tokenizer trained on its own text (tokenizer.py), the draft predicts over a quarter of its ids through
 the recipe's mapping (`python -m recipe.shards vocab-map` on the shards, given to SpecForge as
 model.vocab_mapping_path; its export writes d2t, which SGLang's EAGLE3 loads), beside full_vocab (the
-whole vocabulary) and other_data (the same rule on the host's prose counts; vocab.py). `--seeds N`
+whole vocabulary), other_data (the same rule on the host's prose counts) and shuffled (on the set's
+counts moved to other ids; vocab.py). `--seeds N`
 trains the real draft at seeds 0..N-1, `--fp8` also extracts with shards.codec=fp8 and trains the same
 seeds on that set (goals: the means and standard errors). `--arms` trains only the arms named (and
 real): arms compared with each other must share a call, since each call trains its own target.

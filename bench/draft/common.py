@@ -52,14 +52,14 @@ BATCH1_PROMPTS = 4  # decode speed at batch 1: 4 held-out prompts, up to 256 tok
 
 
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
-VOCAB_ARMS = ("full_vocab", "other_data")  # with a reduced draft vocabulary (--draft-vocab): its two references
+VOCAB_ARMS = ("full_vocab", "other_data", "shuffled")  # with a reduced draft vocabulary (--draft-vocab): its references
 
 
 def arms(plan: dict) -> tuple[str, ...]:
     """Every arm a scenario trains: the controls; with --draft-vocab the full-vocabulary draft and the
-    mapping from other data; the real draft's further seeds (real_seedS); with --fp8 the real draft
-    from the fp8 set, at each seed. With --regen: the real draft (from the target's own answers) and
-    the draft from the original answers, at each seed."""
+    mappings from other data and from the set's counts on shuffled ids; the real draft's further seeds
+    (real_seedS); with --fp8 the real draft from the fp8 set, at each seed. With --regen: the real
+    draft (from the target's own answers) and the draft from the original answers, at each seed."""
     n = range(1, plan.get("seeds", 1))
     if plan.get("regen"):  # the target's own answers (real) against the original ones, seed for seed
         every = ("real", *(f"real_seed{s}" for s in n), "original", *(f"original_seed{s}" for s in n))

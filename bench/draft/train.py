@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .common import NICE, OWN_READER, PACKAGE, ROOT, arms, log, seed_of
 from .controls import control_sizes, permuted, wrong_norm
-from .vocab import mappings
+from .vocab import CONTROL_MAPS, mappings
 
 if TYPE_CHECKING:
     from .serve import Serving
@@ -150,8 +150,8 @@ def served_arms(plan: dict) -> tuple[str, ...]:
 
 def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
     """Each arm's shards, draft config and vocabulary mapping (with --draft-vocab: the set's own mapping
-    for every arm but full_vocab, which predicts over the whole vocabulary, and other_data, whose
-    mapping comes from other text)."""
+    for every arm but full_vocab, which predicts over the whole vocabulary, and other_data and shuffled,
+    whose mappings come from other text and from the set's counts on shuffled ids)."""
     shards, n = work / "shards", plan.get("draft_vocab") or 0
     vocab = mappings(work, n) if n else None
     reduced, full = draft_json(work, layer_ids, n), draft_json(work, layer_ids, 0, "draft-full")
@@ -159,7 +159,7 @@ def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
     for arm in arms(plan):
         kind = arm.split("_seed")[0]
         features = {"real_export": work / "sf-export", **{k: shards / k for k in ("off_by_one", "fp8", "original")}}
-        mapping = None if not vocab or kind == "full_vocab" else vocab["other_data" if kind == "other_data" else "real"]
+        mapping = None if not vocab or kind == "full_vocab" else vocab[kind if kind in CONTROL_MAPS else "real"]
         out[arm] = {"features": features.get(kind, shards / "real"), "draft": full if kind == "full_vocab" else reduced,
                     "vocab_map": mapping["path"] if mapping else None}  # fmt: skip
     return {"arms": out, "vocab": vocab}
