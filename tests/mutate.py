@@ -272,7 +272,7 @@ MUTATIONS = {
     ),
     "draft_bench_other_data_arm_gets_the_sets_mapping": (
         "bench/draft/train.py",
-        'vocab[kind if kind in CONTROL_MAPS else "real"]',
+        'vocab[kind if kind in OWN_MAPS else "real"]',
         'vocab["real"]',
         ["tests/test_draft_bench.py::test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping"],
     ),
@@ -281,6 +281,12 @@ MUTATIONS = {
         "perm = np.random.default_rng(seed).permutation(target)",
         "perm = np.arange(target)",
         ["tests/test_draft_bench.py::test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping"],
+    ),
+    "draft_bench_original_answers_get_the_regenerated_sets_mapping": (
+        "bench/draft/vocab.py",
+        'OWN_MAPS = ("other_data", "shuffled", "original")',
+        'OWN_MAPS = ("other_data", "shuffled")',
+        ["tests/test_draft_bench.py::test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones"],
     ),
     "draft_bench_target_trains_on_other_ids_than_extracted": (
         "bench/draft/chat.py",

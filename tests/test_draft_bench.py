@@ -77,7 +77,8 @@ def bpe_work(tmp_path_factory):
         f"data.sources=[{work / 'data' / 'train.jsonl'}]", "capture.layers=[2,8,13]",
         f"output_dir={work / 'shards' / 'real'}", f"capture.dump_dir={work / 'shm'}",
     ]))  # fmt: skip
-    shutil.copytree(work / "shards" / "real", work / "shards" / "fp8")  # its path is what the arms are handed
+    for other in ("fp8", "original"):  # their paths are what the arms are handed
+        shutil.copytree(work / "shards" / "real", work / "shards" / other)
     return work, tok, files
 
 
@@ -163,7 +164,8 @@ def test_the_targets_own_style_differs_from_the_files_line_for_line():
 
 def test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones(bpe_work, tmp_path):
     """The real set is captured with the recipe's data.regenerate (the target rewrites each answer through
-    the same server), the original set from the same records as given; seed s of each trains on its own set."""
+    the same server), the original set from the same records as given; seed s of each trains on its own
+    set, and with a reduced vocabulary through its own set's mapping."""
     from conftest import compose
 
     work, _, _ = bpe_work
@@ -180,6 +182,9 @@ def test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_o
         "real": "real", "real_seed1": "real", "real_seed2": "real",
         "original": "original", "original_seed1": "original", "original_seed2": "original",
     }  # fmt: skip
+    reduced = draft.arm_inputs(work, {**plan, "fp8": False, "draft_vocab": 128}, [1, 7, 12])["arms"]
+    for arm, x in reduced.items():  # with --draft-vocab each draft gets its own set's mapping
+        assert x["vocab_map"] == str(work / "vocab" / x["features"].name / "vocab_mapping.pt"), arm
 
 
 def test_the_target_step_leaves_the_gpu_to_the_trainers_that_follow(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .common import NICE, OWN_READER, PACKAGE, ROOT, arms, log, seed_of
 from .controls import control_sizes, permuted, wrong_norm
-from .vocab import CONTROL_MAPS, mappings
+from .vocab import OWN_MAPS, mappings
 
 if TYPE_CHECKING:
     from .serve import Serving
@@ -150,16 +150,17 @@ def served_arms(plan: dict) -> tuple[str, ...]:
 
 def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
     """Each arm's shards, draft config and vocabulary mapping (with --draft-vocab: the set's own mapping
-    for every arm but full_vocab, which predicts over the whole vocabulary, and other_data and shuffled,
-    whose mappings come from other text and from the set's counts on shuffled ids)."""
+    for every arm but full_vocab, which predicts over the whole vocabulary, other_data and shuffled,
+    whose mappings come from other text and from the set's counts on shuffled ids, and --regen's
+    original arms, which get the original set's own)."""
     shards, n = work / "shards", plan.get("draft_vocab") or 0
-    vocab = mappings(work, n) if n else None
+    vocab = mappings(work, n, bool(plan.get("regen"))) if n else None
     reduced, full = draft_json(work, layer_ids, n), draft_json(work, layer_ids, 0, "draft-full")
     out = {}
     for arm in arms(plan):
         kind = arm.split("_seed")[0]
         features = {"real_export": work / "sf-export", **{k: shards / k for k in ("off_by_one", "fp8", "original")}}
-        mapping = None if not vocab or kind == "full_vocab" else vocab[kind if kind in CONTROL_MAPS else "real"]
+        mapping = None if not vocab or kind == "full_vocab" else vocab[kind if kind in OWN_MAPS else "real"]
         out[arm] = {"features": features.get(kind, shards / "real"), "draft": full if kind == "full_vocab" else reduced,
                     "vocab_map": mapping["path"] if mapping else None}  # fmt: skip
     return {"arms": out, "vocab": vocab}

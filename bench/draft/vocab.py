@@ -18,7 +18,7 @@ from pathlib import Path
 from .common import ROOT, log
 
 PROSE_BYTES = 16 << 20
-CONTROL_MAPS = ("other_data", "shuffled")  # arms whose mapping is not the set's own
+OWN_MAPS = ("other_data", "shuffled", "original")  # arms whose mapping is not the real set's
 
 
 def prose() -> list[str]:
@@ -87,37 +87,51 @@ def shuffled_mapping(counts, draft: int, target: int, dest: Path, seed: int = 0)
     return vocabmap.write_specforge(dest, dataclasses.replace(counts, **moved), draft, target)
 
 
-def mappings(work: Path, draft: int) -> dict:
-    """vocab/real (the recipe's, from the shards), vocab/other (from prose) and vocab/shuffled (the set's
-    counts on other ids), each with its coverage of the set's loss tokens; made once (a resumed call
-    reads them)."""
-    info_path = work / "vocab" / "vocab.json"
+def mappings(work: Path, draft: int, regen: bool = False) -> dict:
+    """Each set's own mapping, the recipe's (vocab/real; with --regen also vocab/original, from the
+    original answers: each draft gets its own set's, as a user maps the set a draft trains on); without
+    --regen the controls' too: vocab/other (prose) and vocab/shuffled (the set's counts on other ids).
+    Each with its coverage of its set's loss tokens (the controls: of the real set's); made once (a
+    resumed call reads them)."""
+    info_path = work / "vocab" / ("regen.json" if regen else "vocab.json")
     if info_path.exists():
         return json.loads(info_path.read_text())
-    real, other = work / "vocab" / "real", work / "vocab" / "other"
-    argv = [sys.executable, "-m", "recipe.shards", "vocab-map", str(work / "shards" / "real"),
-            "--draft-vocab", str(draft), "--out", str(real)]  # fmt: skip
+    made = {k: own_mapping(work, k, draft) for k in (("real", "original") if regen else ("real",))}
+    target = made["real"]["target_vocab_size"]
+    info = {"draft_vocab_size": draft, "target_vocab_size": target}
+    for k, m in made.items():
+        info[k] = {"path": str(work / "vocab" / k / "vocab_mapping.pt"), "coverage": m["specforge"]["coverage"]}
+    if not regen:
+        info.update(control_mappings(work, draft, target))
+    info_path.write_text(json.dumps(info, indent=1))
+    covers = ", ".join(f"{k} {v['coverage']:.3f}" for k, v in info.items() if isinstance(v, dict))
+    log(f"vocab: {draft} of {target} ids; each mapping's coverage of the set's loss tokens: {covers}")
+    return info
+
+
+def own_mapping(work: Path, name: str, draft: int) -> dict:
+    """`python -m recipe.shards vocab-map` on shards/<name>, into vocab/<name>: its record."""
+    dest = work / "vocab" / name
+    argv = [sys.executable, "-m", "recipe.shards", "vocab-map", str(work / "shards" / name),
+            "--draft-vocab", str(draft), "--out", str(dest)]  # fmt: skip
     subprocess.run(argv, cwd=ROOT, check=True)
-    made = json.loads((real / "vocab_map.json").read_text())
+    return json.loads((dest / "vocab_map.json").read_text())
+
+
+def control_mappings(work: Path, draft: int, target: int) -> dict:
+    """other_data (the prose's counts) and shuffled (the real set's on other ids), with their coverage
+    of the real set's loss tokens."""
     counts = set_counts(work)
-    theirs = other_mapping(work, draft, made["target_vocab_size"], other)
-    moved = shuffled_mapping(counts, draft, made["target_vocab_size"], work / "vocab" / "shuffled")
-    info = {
-        "draft_vocab_size": draft,
-        "target_vocab_size": made["target_vocab_size"],
-        "real": {"path": str(real / "vocab_mapping.pt"), "coverage": made["specforge"]["coverage"]},
+    theirs = other_mapping(work, draft, target, work / "vocab" / "other")
+    moved = shuffled_mapping(counts, draft, target, work / "vocab" / "shuffled")
+    return {
         "other_data": {
-            "path": str(other / "vocab_mapping.pt"),
+            "path": str(work / "vocab" / "other" / "vocab_mapping.pt"),
             "coverage": coverage(theirs["kept"], counts),
             "prose_tokens": theirs["prose_tokens"],
-        },  # fmt: skip
+        },
         "shuffled": {
             "path": str(work / "vocab" / "shuffled" / "vocab_mapping.pt"),
             "coverage": coverage(moved["kept"], counts),
-        },  # fmt: skip
+        },
     }
-    info_path.write_text(json.dumps(info, indent=1))
-    log(f"vocab: {draft} of {info['target_vocab_size']} ids cover {info['real']['coverage']:.3f} of the set's loss "
-        f"tokens; the prose mapping {info['other_data']['coverage']:.3f}, the shuffled one "
-        f"{info['shuffled']['coverage']:.3f}")  # fmt: skip
-    return info
