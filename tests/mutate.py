@@ -288,6 +288,18 @@ MUTATIONS = {
         'OWN_MAPS = ("other_data", "shuffled")',
         ["tests/test_draft_bench.py::test_a_regen_call_trains_drafts_on_the_targets_answers_and_on_the_original_ones"],
     ),
+    "draft_bench_trains_an_arm_whose_set_was_not_captured": (
+        "bench/draft/train.py",
+        "    if missing:\n        raise SystemExit",
+        "    if missing and False:\n        raise SystemExit",
+        ["tests/test_draft_bench.py::test_a_call_that_trains_an_arm_without_its_set_stops_in_one_line"],
+    ),
+    "draft_bench_captures_the_off_by_one_set_for_every_call": (
+        "bench/draft/extract.py",
+        'if "off_by_one" in arms else {}',
+        "if True else {}",
+        ["tests/test_draft_bench.py::test_the_extractions_capture_the_default_layers_of_the_target_on_disk"],
+    ),
     "draft_bench_target_trains_on_other_ids_than_extracted": (
         "bench/draft/chat.py",
         "return self.encode([self.text(u.decode(), r.decode()) for u, r in pairs])",

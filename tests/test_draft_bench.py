@@ -46,6 +46,10 @@ def test_the_extractions_capture_the_default_layers_of_the_target_on_disk(tmp_pa
     (tmp_path / "target" / "config.json").write_text(f'{{"num_hidden_layers": {depth}}}')
     assert draft.capture_runs(tmp_path) == {"real": (real, ()), "off_by_one": ([i + 1 for i in real], ())}
     assert draft.capture_runs(tmp_path, fp8=True)["fp8"] == (real, ("shards.codec=fp8",))
+    # a call that trains no off_by_one arm spends no GPU time on its set
+    assert draft.capture_runs(tmp_path, arms=draft.arms({"only": ["full_vocab"], "draft_vocab": 8})) == {
+        "real": (real, ())
+    }
     assert draft.parse_args(["target"]).target_layers == draft.TARGET["num_hidden_layers"] == 16
 
 
@@ -204,3 +208,13 @@ def test_the_target_step_leaves_the_gpu_to_the_trainers_that_follow(tmp_path, mo
     draft.target.train_target(tmp_path, 0.5, 3.0, layers=2)
     assert (tmp_path / "target" / "target.json").exists()
     assert freed == [[True]], "the cache was not freed, or freed while the target's weights were still held"
+
+
+def test_a_call_that_trains_an_arm_without_its_set_stops_in_one_line(bpe_work):
+    """A first call that trained no off_by_one arm captured no set for it; a resumed call naming that arm
+    says what to run, instead of handing SpecForge a missing folder."""
+    work, _, _ = bpe_work
+    inputs = draft.arm_inputs(work, {"seeds": 1}, [1, 7, 12])["arms"]
+    with pytest.raises(SystemExit, match=r"no shards at .*off_by_one: run `bench/draft extract`"):
+        draft.train.need_sets(inputs, ["real", "off_by_one"])
+    draft.train.need_sets(inputs, ["real", "permuted", "wrong_norm"])  # theirs is the real set, there

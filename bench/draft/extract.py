@@ -30,24 +30,27 @@ REGEN = ("data.regenerate.turns=last", "data.regenerate.temperature=0",
          f"data.regenerate.max_new_tokens={REPLY_BYTES + 64}")  # fmt: skip
 
 
-def capture_runs(work: Path, fp8: bool = False, regen: bool = False) -> dict[str, tuple[list[int], tuple]]:
+def capture_runs(
+    work: Path, fp8: bool = False, regen: bool = False, arms: tuple = ("off_by_one",)
+) -> dict[str, tuple[list[int], tuple]]:
     """The layers (and extra overrides) each extraction captures, from the depth of the target on disk (so a
-    resumed call captures what that target's draft config will claim): the default, one layer deeper,
-    and (fp8) the default again stored in the fp8 codec. With `regen`: the target's own answers (real)
-    and the original ones, at the default layers."""
+    resumed call captures what that target's draft config will claim): the default, one layer deeper
+    where the call trains the off_by_one arm (`arms`: the call's), and (fp8) the default again stored
+    in the fp8 codec. With `regen`: the target's own answers (real) and the original ones, at the
+    default layers."""
     layers = eagle3_layers(json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"])
     if regen:
         return {"real": (layers, REGEN), "original": (layers, ())}
-    runs = {"real": (layers, ()), "off_by_one": ([i + 1 for i in layers], ())}
+    runs = {"real": (layers, ())} | ({"off_by_one": ([i + 1 for i in layers], ())} if "off_by_one" in arms else {})
     return runs | ({"fp8": (layers, FP8)} if fp8 else {})
 
 
-def extract(work: Path, fp8: bool = False, regen: bool = False) -> dict:
+def extract(work: Path, fp8: bool = False, regen: bool = False, arms: tuple = ("off_by_one",)) -> dict:
     """The real shards at the default layers and the off-by-one control's one layer deeper (and, given
     fp8, the default layers in the fp8 codec), all runs at once: each server's KV cache is capped
     (max_total_tokens), so no one's start-up memory check sees another's cache as taken. The sets are
     verified while the drafts train."""
-    runs = capture_runs(work, fp8, regen)
+    runs = capture_runs(work, fp8, regen, arms)
     info, procs = {}, {}
     for i, (name, (layers, extra)) in enumerate(runs.items()):
         if (work / "shards" / name / "manifest.json").exists():

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import DATA_SERVE, TARGET, log
+from .common import DATA_SERVE, TARGET, arms, log
 from .data import make_data, original_data
 from .extract import extract
 from .serve import Serving, serve
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                 if a.regen
                 else make_data(a.work, a.train_conversations, a.eval_prompts, a.data_temperature, warm)
             ),
-            "extract": lambda: extract(a.work, fp8=a.fp8, regen=a.regen),
+            "extract": lambda: extract(a.work, fp8=a.fp8, regen=a.regen, arms=arms(plan)),
             "train": lambda: train_drafts(a.work, plan, serving),
             "serve": lambda: serve(a.work, serving),
         }

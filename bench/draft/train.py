@@ -184,6 +184,7 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
     plan = dict(plan, samples=len(reader))
     inputs = arm_inputs(work, plan, layer_ids)
     todo = [arm for arm in arms(plan) if not (work / "drafts" / f"{arm}-curve.json").exists()]
+    need_sets(inputs["arms"], todo)
     launch = functools.partial(launch_arm, work, inputs=inputs["arms"], layer_ids=layer_ids, plan=plan)
     procs = {arm: launch(arm) for arm in todo if arm != "real_export"}
     sets = [d.name for d in sorted(shards.iterdir()) if (d / "manifest.json").exists()]
@@ -230,6 +231,14 @@ def export_for_specforge(work: Path, layer_ids: list[int]) -> dict:
     if printed["eagle_aux_hidden_state_layer_ids"] != layer_ids:
         raise SystemExit(f"export printed layer ids {printed} but the drafts were configured with {layer_ids}")
     return {"export_seconds": round(time.monotonic() - t0, 1)}
+
+
+def need_sets(inputs: dict, todo: list[str]) -> None:
+    """Each arm to train has its shards: a resumed call may name an arm whose set the first one skipped."""
+    missing = sorted({str(x["features"]) for arm, x in inputs.items() if arm in todo and arm != "real_export"
+                      and not (x["features"] / "manifest.json").exists()})  # fmt: skip
+    if missing:
+        raise SystemExit(f"no shards at {', '.join(missing)}: run `bench/draft extract` with this call's options first")
 
 
 def verify(shards: Path, log_path: Path) -> subprocess.Popen:
