@@ -21,7 +21,7 @@ later call resumes where an earlier one stopped):
            default, as the measure decodes), sent as batch requests, written as chat JSONL; held-out prompts kept aside
   extract  `python -m recipe backend=sglang ...` as a user runs it, at the EAGLE-3 default layers for
            the saved target's depth; and, at the same time, the same run one layer deeper (the
-           off-by-one control's shards)
+           off-by-one control's shards, where the call trains that arm)
   train    SpecForge 0.2.0's own `specforge train` (its CLI, config schema, sampler, collator, loss),
            every arm at once: reading the shards directly (recipe.shards.trainers.specforge_reads_shards),
            from `python -m recipe.shards export --to specforge` (the first --export-steps steps of the
