@@ -300,6 +300,12 @@ MUTATIONS = {
         "if True else {}",
         ["tests/test_draft_bench.py::test_the_extractions_capture_the_default_layers_of_the_target_on_disk"],
     ),
+    "draft_bench_resumed_call_skips_the_sets_its_arms_need": (
+        "bench/draft/scenario.py",
+        'return any(not (work / "shards" / n / "manifest.json").exists() for n in runs)',
+        "return False",
+        ["tests/test_draft_bench.py::test_a_resumed_call_naming_new_arms_captures_and_trains_what_they_need"],
+    ),
     "draft_bench_target_trains_on_other_ids_than_extracted": (
         "bench/draft/chat.py",
         "return self.encode([self.text(u.decode(), r.decode()) for u, r in pairs])",

@@ -218,3 +218,14 @@ def test_a_call_that_trains_an_arm_without_its_set_stops_in_one_line(bpe_work):
     with pytest.raises(SystemExit, match=r"no shards at .*off_by_one: run `bench/draft extract`"):
         draft.train.need_sets(inputs, ["real", "off_by_one"])
     draft.train.need_sets(inputs, ["real", "permuted", "wrong_norm"])  # theirs is the real set, there
+
+
+def test_a_resumed_call_naming_new_arms_captures_and_trains_what_they_need(bpe_work):
+    """A recorded extract or train step is run again when this call's arms need a set it did not capture
+    or a draft it did not train; what is there already is kept."""
+    work, _, _ = bpe_work
+    plan = {"fp8": False, "regen": False, "draft_vocab": 8}
+    assert draft.scenario.unfinished(work, "extract", {**plan, "only": ["off_by_one"]})  # no shards/off_by_one
+    assert not draft.scenario.unfinished(work, "extract", {**plan, "only": ["full_vocab"]})  # shards/real is there
+    assert draft.scenario.unfinished(work, "train", {**plan, "only": ["full_vocab"]})  # no draft trained yet
+    assert not draft.scenario.unfinished(work, "serve", plan)

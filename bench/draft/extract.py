@@ -46,8 +46,9 @@ def capture_runs(
 
 
 def extract(work: Path, fp8: bool = False, regen: bool = False, arms: tuple = ("off_by_one",)) -> dict:
-    """The real shards at the default layers and the off-by-one control's one layer deeper (and, given
-    fp8, the default layers in the fp8 codec), all runs at once: each server's KV cache is capped
+    """The real shards at the default layers and, where the call trains that arm, the off-by-one
+    control's one layer deeper (and, given fp8, the default layers in the fp8 codec); a set already
+    captured is kept. All runs at once: each server's KV cache is capped
     (max_total_tokens), so no one's start-up memory check sees another's cache as taken. The sets are
     verified while the drafts train."""
     runs = capture_runs(work, fp8, regen, arms)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .common import DATA_SERVE, TARGET, arms, log
 from .data import make_data, original_data
-from .extract import extract
+from .extract import capture_runs, extract
 from .serve import Serving, serve
 from .servers import server
 from .target import train_target
@@ -69,6 +69,17 @@ def seed_figures(acc: dict) -> dict:
     if "original" in out:
         out["regenerated_over_original"] = round(out["real"]["mean"] / out["original"]["mean"], 4)
     return {"seeds": out}
+
+
+def unfinished(work: Path, name: str, plan: dict) -> bool:
+    """A recorded step with work left for this call's arms (a resumed call may name arms the first one
+    did not): a set to capture, a draft to train. A step that runs makes every later one run again."""
+    if name == "extract":
+        runs = capture_runs(work, plan["fp8"], plan["regen"], arms(plan))
+        return any(not (work / "shards" / n / "manifest.json").exists() for n in runs)
+    if name == "train":
+        return any(not (work / "drafts" / f"{arm}-curve.json").exists() for arm in arms(plan))
+    return False
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -160,7 +171,8 @@ def main(argv=None) -> int:
             "serve": lambda: serve(a.work, serving),
         }
         for name, step in steps.items():
-            if a.step in ("all", name) and (name not in res or a.step == name):
+            if a.step in ("all", name) and (name not in res or a.step == name or ran_now
+                                            or unfinished(a.work, name, plan)):  # fmt: skip
                 t0 = time.monotonic()
                 ran_now.add(name)
                 res[name] = step()
