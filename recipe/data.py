@@ -359,8 +359,10 @@ def render(tokenizer, messages, add_generation_prompt: bool, template_kwargs=Non
 
 def turn_end_marker(tokenizer, template_kwargs=None) -> str:
     """What the template writes after an assistant turn's content (e.g. `<|im_end|>`), read off a
-    one-turn rendering: the end of a turn in a rendering that rewrote it (see assistant_spans)."""
-    probe = "\x1f"
+    one-turn rendering: the end of a turn in a rendering that rewrote it (see assistant_spans). The probe
+    is a private-use character, not whitespace: templates that `trim` the content (Llama-3's, Gemma's)
+    would strip a control character away."""
+    probe = "\ue000"
     msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}]
     text = render(tokenizer, msgs, False, template_kwargs)
     return text[text.rindex(probe) + len(probe) :].rstrip()

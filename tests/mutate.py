@@ -120,6 +120,18 @@ MUTATIONS = {
             "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-qwen3-vl]"
         ],
     ),
+    "draft_bench_controls_read_their_prompts_in_threads": (
+        "bench/draft/serve.py",
+        "            eval_prompts(w)  # importing",
+        "            pass  # importing",
+        ["tests/test_draft_bench.py::test_the_controls_held_out_prompts_are_read_in_the_main_thread"],
+    ),
+    "regenerate_probes_the_turn_end_with_whitespace": (
+        "recipe/data.py",
+        '    probe = "\\ue000"',
+        '    probe = "\\x1f"',
+        ["tests/test_regenerate.py::test_regeneration_stops_at_the_token_each_built_in_template_ends_a_turn_with"],
+    ),
     "regenerate_trains_the_prompt_too": (
         "recipe/regenerate.py",
         "ids, mask = ids + piece, mask + [0] * len(piece)",

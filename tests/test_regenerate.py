@@ -48,6 +48,33 @@ def test_stored_ids_are_the_prompts_ids_then_the_generated_ids_and_only_those_ar
         assert again[0, len(prompt) :].tolist() == t["generated"]
 
 
+def built_in_templates() -> dict:
+    """Every built-in family's chat template on its byte tokenizer, and Llama-3's (the draft bench's)."""
+    from recipe.models import FAMILIES, llama
+
+    out = {f.__name__.rsplit(".", 1)[-1]: (f.SPECIALS, f.TEMPLATE, getattr(f, "NAMED", None))
+           for f in FAMILIES if hasattr(f, "TEMPLATE")}  # fmt: skip
+    return {**out, "llama3": (llama.SPECIALS, llama.LLAMA3, None)}
+
+
+NO_TURN_END = {"glm4_moe", "glm5"}  # GLM's next header ends a turn: no token of its own
+
+
+@pytest.mark.parametrize("name", sorted(built_in_templates()))
+def test_regeneration_stops_at_the_token_each_built_in_template_ends_a_turn_with(name):
+    from recipe.models import common
+
+    tok = common.tokenizer(*built_in_templates()[name])
+    if name in NO_TURN_END:
+        with pytest.raises(UserError, match="not one token"):
+            stop_token(tok)
+        return
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": " hello "}]  # trimmed by some
+    ids = tok.encode(data.render(tok, msgs, False).rstrip(), add_special_tokens=False)
+    assert stop_token(tok) == ids[-1]
+    assert tok.convert_ids_to_tokens(ids[-1]) in tok.all_special_tokens
+
+
 def ends_each_turn(monkeypatch, n: int = 5):
     """The backend's generate answering n bytes from the seed, then the template's end of turn (a tiny
     random model rarely ends a turn: this one always does, so that every turn of a record is written)."""
