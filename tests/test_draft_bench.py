@@ -229,3 +229,26 @@ def test_a_resumed_call_naming_new_arms_captures_and_trains_what_they_need(bpe_w
     assert not draft.scenario.unfinished(work, "extract", {**plan, "only": ["full_vocab"]})  # shards/real is there
     assert draft.scenario.unfinished(work, "train", {**plan, "only": ["full_vocab"]})  # no draft trained yet
     assert not draft.scenario.unfinished(work, "serve", plan)
+
+
+def test_the_controls_held_out_prompts_are_read_in_the_main_thread(tmp_path, monkeypatch):
+    """Each control's acceptance is measured in a thread of its own as its server comes up; the prompts
+    are read (tokenizer and all) before it starts, as two threads importing transformers at once fail."""
+    import threading
+
+    class Up:
+        start = wait_ready = lambda self, *a, **k: None
+        stop = lambda self, **k: None  # noqa: E731
+
+    readers, serve = [], sys.modules["draft.serve"]
+    monkeypatch.setattr(serve, "eagle3_server", lambda *a: Up())
+    monkeypatch.setattr(serve, "eval_prompts", lambda w: readers.append(threading.current_thread()) or [[1]])
+    monkeypatch.setattr(serve, "decode_figures", lambda *a: readers.append(threading.current_thread()) or {})
+    monkeypatch.setattr(serve, "stop_ids", lambda w: [0])
+    serving = serve.Serving(tmp_path, {"draft_vocab": 64, "only": ["other_data", "shuffled"]})
+    for arm in ("other_data", "shuffled"):
+        serving.start(arm)
+    for t in serving.threads:
+        t.join()
+    main = threading.main_thread()
+    assert readers.count(main) == 2 and len(readers) == 6 and set(serving.acceptance) == {"other_data", "shuffled"}

@@ -47,6 +47,8 @@ class Serving:
         s.start()
         self.started[name] = time.monotonic()
         control = name not in ("target", "real")
+        if control:  # read here, once: transformers' lazy imports are not thread-safe (two controls' threads
+            eval_prompts(w)  # importing AutoTokenizer at once failed one with an ImportError on the H100)
         t = threading.Thread(target=self._acceptance if control else self._note_ready, args=(name,), daemon=True)
         t.start()
         self.threads.append(t)
