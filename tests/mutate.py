@@ -120,6 +120,18 @@ MUTATIONS = {
             "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-qwen3-vl]"
         ],
     ),
+    "draft_bench_out_of_memory_arm_stops_the_call": (
+        "bench/draft/train.py",
+        '        if out_of_memory(work / "drafts" / f"{arm}.log"):',
+        "        if False:",
+        ["tests/test_draft_bench.py::test_an_arm_out_of_gpu_memory_beside_the_others_trains_again_once_one_ends"],
+    ),
+    "draft_bench_out_of_memory_arm_never_trains_again": (
+        "bench/draft/waves.py",
+        "            for _ in range(max(ended, 0 if running else 1)):",
+        "            for _ in range(0):",
+        ["tests/test_draft_bench.py::test_an_arm_out_of_gpu_memory_beside_the_others_trains_again_once_one_ends"],
+    ),
     "draft_bench_controls_read_their_prompts_in_threads": (
         "bench/draft/serve.py",
         "            eval_prompts(w)  # importing",

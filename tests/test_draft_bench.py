@@ -252,3 +252,38 @@ def test_the_controls_held_out_prompts_are_read_in_the_main_thread(tmp_path, mon
         t.join()
     main = threading.main_thread()
     assert readers.count(main) == 2 and len(readers) == 6 and set(serving.acceptance) == {"other_data", "shuffled"}
+
+
+def test_an_arm_out_of_gpu_memory_beside_the_others_trains_again_once_one_ends(tmp_path):
+    """Four trainers of a 16K-id target filled an 80 GB H100 and one died: it is started again when another
+    arm ends, never counted as trained, and the call goes on. A trainer that fails otherwise still stops it."""
+    import subprocess
+
+    train = sys.modules["draft.train"]
+    (tmp_path / "drafts").mkdir()
+    logs = {"a": "step 1 loss 2.0\n", "b": "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n"}
+    events, launched = [], []
+
+    def launch(arm):
+        launched.append(arm)
+        (tmp_path / "drafts" / f"{arm}.log").write_text("step 1 loss 2.0\n")  # the second try fits
+        return subprocess.Popen([sys.executable, "-c", "pass"]), 0.0
+
+    def finish(arm, p, t0):
+        events.append(("end", arm))
+        if arm not in launched:  # the first try of each: exits as its log says
+            (tmp_path / "drafts" / f"{arm}.log").write_text(logs[arm])
+            p = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({int(arm == 'b')})"])
+        return train.finish_arm(tmp_path, arm, p, t0, tmp_path / "draft.json", ())
+
+    first = {arm: (subprocess.Popen([sys.executable, "-c", "pass"]), 0.0) for arm in logs}
+    sys.modules["draft.waves"].run_arms(first, finish, launch, lambda arm: events.append(("ready", arm)))
+    assert launched == ["b"] and sorted(e for e in events if e[0] == "ready") == [("ready", "a"), ("ready", "b")]
+    assert (tmp_path / "drafts" / "b-curve.json").exists() and (tmp_path / "drafts" / "a-curve.json").exists()
+
+    logs["c"] = "Traceback: ValueError: a bad config\n"
+    p = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    (tmp_path / "drafts" / "c.log").write_text(logs["c"])
+    fails = lambda arm, p, t0: train.finish_arm(tmp_path, arm, p, t0, None, ())  # noqa: E731
+    with pytest.raises(SystemExit, match="train c: specforge train exited 1"):
+        sys.modules["draft.waves"].run_arms({"c": (p, 0.0)}, fails, launch, print)

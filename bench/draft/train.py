@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .common import NICE, OWN_READER, PACKAGE, ROOT, arms, log, seed_of
 from .controls import control_sizes, permuted, wrong_norm
 from .vocab import OWN_MAPS, mappings
+from .waves import OutOfMemory, out_of_memory, run_arms
 
 if TYPE_CHECKING:
     from .serve import Serving
@@ -167,14 +168,13 @@ def arm_inputs(work: Path, plan: dict, layer_ids: list[int]) -> dict[str, dict]:
 
 
 def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
-    """Every arm at once on the one GPU (tiny drafts leave it mostly idle). The export to SpecForge's
+    """Every arm at once on the one GPU (tiny drafts leave it mostly idle; an arm out of memory beside the
+    others trains again once one ends: waves.py). The export to SpecForge's
     files (spread over processes) runs while the arms that read the shards start; its arm starts when
     it is done, with the layer ids it printed checked equal to the ones the other arms' draft config
     took from the same function. Each arm's draft is exported for SGLang as soon as it finishes, and
     its server started (Serving); the target alone's server starts now. The shard sets are verified
     (`python -m recipe.shards verify`) meanwhile."""
-    import concurrent.futures as cf
-
     from recipe.shards.export import draft_config
     from recipe.shards.reader import ShardReader
 
@@ -199,11 +199,11 @@ def train_drafts(work: Path, plan: dict, serving: Serving) -> dict:
     if "real_export" in todo:
         procs["real_export"] = launch("real_export")
     info.update(control_sizes(work))
-    with cf.ThreadPoolExecutor(max(1, len(procs))) as pool:
-        done = [pool.submit(finish_arm, work, arm, p, t, inputs["arms"][arm]["draft"], serving.arms)
-                for arm, (p, t) in procs.items()]  # fmt: skip
-        for f in cf.as_completed(done):  # each draft's server started here, in the main thread (Serving.start)
-            serving.start(f.result())
+
+    def finish(arm: str, p: subprocess.Popen, t0: float) -> str:
+        return finish_arm(work, arm, p, t0, inputs["arms"][arm]["draft"], serving.arms)
+
+    run_arms(procs, finish, launch, serving.start)  # each draft's server started in the main thread (Serving.start)
     for name, v in verifies.items():
         if v.wait() != 0:
             raise SystemExit(f"verify {name} failed: see {work / 'drafts' / f'verify-{name}.log'}")
@@ -251,7 +251,8 @@ def launch_arm(work: Path, arm: str, inputs: dict, layer_ids: list[int], plan: d
     SGLang when it is trained (default: the arm is in served_arms)."""
     x = inputs[arm]
     cfg = run_yaml(work, arm, x["features"], x["draft"], layer_ids, plan, x["vocab_map"])
-    shutil.rmtree(work / "serve" / arm, ignore_errors=True)  # an earlier call's export is not this one's
+    for earlier in (work / "serve" / arm, work / "drafts" / arm):  # an earlier call's or try's export, checkpoints
+        shutil.rmtree(earlier, ignore_errors=True)
     logf = open(work / "drafts" / f"{arm}.log", "w")
     # six trainers, the export's workers and servers share 16 cores: torch's default of a thread per
     # core in each would oversubscribe them (GPU math is unaffected by CPU threads). The arms that end
@@ -275,6 +276,8 @@ def finish_arm(work: Path, arm: str, p: subprocess.Popen, t0: float, draft: Path
     run here if the training process's failed), keep its loss curve (written last: it marks the arm
     done for a resumed call)."""
     if p.wait() != 0:
+        if out_of_memory(work / "drafts" / f"{arm}.log"):
+            raise OutOfMemory(arm)
         tail = "\n".join((work / "drafts" / f"{arm}.log").read_text(errors="replace").splitlines()[-30:])
         raise SystemExit(f"train {arm}: specforge train exited {p.returncode}\n{tail}")
     took = time.monotonic() - t0
