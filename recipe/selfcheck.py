@@ -3,7 +3,8 @@ checkpoint's own final layer and must give the server's own input-token logprobs
 
 SGLang computes a prompt token's logprob as log_softmax(lm_head(final state)) (softcapped where the
 config says so), from the very state the hook dumps. So lm_head(final slot) read back from the shards
-must agree with what the server answered, up to bf16 rounding of the logits. A pre-norm state, a
+must agree with what the server answered, up to bf16 rounding of the logits (in an fp8 set, also up to
+five standard deviations of what e4m3's rounding of the stored state moves each logprob). A pre-norm state, a
 state from another layer or one shifted by a token does not, by far (on the H200: 0.002-0.004 nats
 for the final slot, 0.6-1.3 for the last aux slot through the same head). This guards every
 architecture the seam serves, proven or not, at the cost of one lm_head read at start-up.
@@ -24,11 +25,13 @@ import numpy as np
 
 from .errors import UserError
 from .shards import codec
+from .shards import fp8 as codec_fp8
 
 log = logging.getLogger(__name__)
 
 POSITIONS = 32  # prompt positions checked per sample, spread over it
 OUTLIERS = 0.1  # the share of positions allowed past the bound before the run is refused
+SIGMAS = 5.0  # an fp8 set: how many standard deviations of its rounding's effect a logprob may move
 
 
 class SelfCheckFailed(UserError, RuntimeError):
@@ -96,15 +99,40 @@ class Head:
             self.w32 = self.weight.float()
         return self.w32
 
-    def logprobs(self, states, targets) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: log p(target) under lm_head(state) in float32, and the row's largest |logit|."""
+    def logprobs(self, states, targets, spread=None) -> tuple:
+        """Per row: log p(target) under lm_head(state) in float32, and the row's largest |logit|. Given
+        `spread` (each element's variance of the state's rounding: fp8_variance), also the standard
+        deviation of log p(target) that rounding causes, to first order: |d log p / d state| weighted by it."""
         import torch
 
-        logits = states.float() @ self.widened().T  # every sample's positions in one matmul: one pass over the head
+        w = self.widened()
+        logits = states.float() @ w.T  # every sample's positions in one matmul: one pass over the head
+        slope = None
         if self.softcap:
-            logits = self.softcap * torch.tanh(logits / self.softcap)
-        lp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
-        return lp.double().numpy(), logits.abs().amax(1).double().numpy()
+            capped = torch.tanh(logits / self.softcap)
+            logits, slope = self.softcap * capped, 1 - capped * capped
+        logp = torch.log_softmax(logits, -1)
+        out = logp.gather(1, targets[:, None])[:, 0].double().numpy(), logits.abs().amax(1).double().numpy()
+        if spread is None:
+            return out
+        grad = -logp.exp()  # d log p(target) / d logit: one-hot(target) - p
+        grad[torch.arange(len(targets)), targets] += 1
+        grad = (grad * slope if slope is not None else grad) @ w  # ... / d state
+        return *out, (grad.pow(2) * spread).sum(-1).sqrt().double().numpy()
+
+
+def fp8_variance(states):
+    """Per element of an fp8 record's dequantized states [P, H]: the variance of the rounding it carries,
+    e4m3's step at the value (its row scaled so that max|x| is e4m3's 448) then bf16's, each uniform
+    over its step. Rows of a lossless record carry bf16's alone, which `bound` covers."""
+    import torch
+
+    x = states.float().abs()
+    scale = x.amax(-1, keepdim=True).clamp_min(1e-30) / codec_fp8.MAX
+    q = (x / scale).clamp_min(2.0**-6)  # below e4m3's smallest normal, its subnormal step
+    e4m3 = torch.exp2(torch.floor(torch.log2(q)) - 3) * scale
+    bf16 = torch.exp2(torch.floor(torch.log2(x.clamp_min(1e-30))) - 7)
+    return (e4m3 * e4m3 + bf16 * bf16) / 12
 
 
 def bound(max_logit: np.ndarray) -> np.ndarray:
@@ -131,13 +159,21 @@ class Verdict:
         return self.off <= OUTLIERS * self.checked
 
 
-def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list) -> Verdict:
+def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list, fp8: bool = False) -> Verdict:
     """The final slot [n, H] (torch bf16) of one sample against the server's input-token logprobs
-    (SGLang's list: [logprob, token id, ...] per prompt token, the first one's logprob None)."""
-    return judge_all(head, [(sample_id, ids, final, server)])[0]
+    (SGLang's list: [logprob, token id, ...] per prompt token, the first one's logprob None). fp8: the
+    slot was stored by the fp8 codec, so each position may also move by its rounding (allowed)."""
+    return judge_all(head, [(sample_id, ids, final, server)], fp8)[0]
 
 
-def judge_all(head: Head, items: list) -> list[Verdict]:
+def allowed(head: Head, states, targets, fp8: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: log p(target), and how far the server's may be from it: bf16's bound, and for an fp8
+    record SIGMAS standard deviations of what its rounding moves."""
+    lp, peak, *sigma = head.logprobs(states, targets, fp8_variance(states) if fp8 else None)
+    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)
+
+
+def judge_all(head: Head, items: list, fp8: bool = False) -> list[Verdict]:
     """judge() for several samples (sample id, ids, final slot, server logprobs) at once: their positions
     through the head in one matmul. A sample that disagrees is tried shifted by a token either way."""
     import torch
@@ -145,25 +181,25 @@ def judge_all(head: Head, items: list) -> list[Verdict]:
     ts = [torch.as_tensor(positions(len(ids))) for _, ids, _, _ in items]
     states = torch.cat([final[t] for (_, _, final, _), t in zip(items, ts)])
     targets = torch.cat([torch.as_tensor(ids[t.numpy() + 1].astype(np.int64)) for (_, ids, _, _), t in zip(items, ts)])
-    lp, peak = head.logprobs(states, targets)
+    lp, limit = allowed(head, states, targets, fp8)
     out, at = [], 0
     for (sid, ids, final, server), t in zip(items, ts):
         want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
         k = len(t)
         diff = np.abs(lp[at : at + k] - want)
-        v = Verdict(sid, k, int((diff > bound(peak[at : at + k])).sum()), float(diff.max()))
+        v = Verdict(sid, k, int((diff > limit[at : at + k]).sum()), float(diff.max()))
         at += k
         if not v.ok:
-            v.shifted = fitting_shift(head, ids, final, targets[at - k : at], want, t)
+            v.shifted = fitting_shift(head, ids, final, targets[at - k : at], want, t, fp8)
         out.append(v)
     return out
 
 
-def fitting_shift(head: Head, ids: np.ndarray, final, targets, want: np.ndarray, t) -> int | None:
+def fitting_shift(head: Head, ids: np.ndarray, final, targets, want: np.ndarray, t, fp8: bool) -> int | None:
     """The shift (-1 or 1) of rows that makes a disagreeing sample agree, if one does."""
     for shift in (-1, 1):
-        lp, peak = head.logprobs(final[(t + shift).clamp(0, len(ids) - 1)], targets)
-        if int((np.abs(lp - want) > bound(peak)).sum()) <= OUTLIERS * len(t):
+        lp, limit = allowed(head, final[(t + shift).clamp(0, len(ids) - 1)], targets, fp8)
+        if int((np.abs(lp - want) > limit).sum()) <= OUTLIERS * len(t):
             return shift
     return None
 
@@ -221,7 +257,8 @@ class SelfCheck:
             due = [rec for rec in records[self.seen : end] if rec["key"] in self.asked]
             self.seen = end
             if due and self._head() is not None:
-                self._judge([self._item(store.root, rec) for rec in due])
+                fp8 = (store.identity or {}).get("codec") == codec_fp8.NAME  # its rounding is the set's, allowed
+                self._judge([self._item(store.root, rec) for rec in due], fp8)
 
     def _head(self) -> Head | None:
         """The checkpoint's lm_head, read once."""
@@ -249,9 +286,9 @@ class SelfCheck:
         final = torch.from_numpy(t["hidden"][:, self.final_slot].view(np.int16)).view(torch.bfloat16)
         return sid, t["input_ids"], final, lps
 
-    def _judge(self, items: list) -> None:
+    def _judge(self, items: list, fp8: bool = False) -> None:
         t0 = time.monotonic()
-        verdicts = judge_all(self.head, items)
+        verdicts = judge_all(self.head, items, fp8)
         log.info("self-check: %d samples judged in %.2f s", len(items), time.monotonic() - t0)
         for v in verdicts:
             self.verdicts.append(v)

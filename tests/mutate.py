@@ -120,6 +120,24 @@ MUTATIONS = {
             "tests/test_families.py::test_each_family_runs_end_to_end_and_each_slot_is_nearest_its_hf_index[tiny-qwen3-vl]"
         ],
     ),
+    "self_check_judges_an_fp8_set_by_bf16s_bound": (
+        "recipe/selfcheck.py",
+        '                fp8 = (store.identity or {}).get("codec") == codec_fp8.NAME',
+        "                fp8 = False",
+        ["tests/test_sglang_backend.py::test_the_self_check_allows_an_fp8_set_its_rounding_and_a_lossless_one_bf16s"],
+    ),
+    "self_check_allows_fp8_no_rounding": (
+        "recipe/selfcheck.py",
+        "    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)",
+        "    return lp, bound(peak)",
+        ["tests/test_selfcheck.py::test_an_fp8_final_slot_passes_though_its_rounding_moves_logprobs_past_bf16s_bound"],
+    ),
+    "self_check_fp8_allows_anything": (
+        "recipe/selfcheck.py",
+        "    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)",
+        "    return lp, bound(peak) + (50 * SIGMAS * sigma[0] if fp8 else 0)",
+        ["tests/test_selfcheck.py::test_an_fp8_final_slot_one_layer_early_is_still_refused"],
+    ),
     "draft_bench_out_of_memory_arm_stops_the_call": (
         "bench/draft/train.py",
         '        if out_of_memory(work / "drafts" / f"{arm}.log"):',

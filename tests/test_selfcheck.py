@@ -101,3 +101,30 @@ def test_the_watcher_keeps_watching_while_its_requests_are_out_unanswered():
 
     asyncio.run(scenario())
     assert len(check.verdicts) == 2 and polled[0] == 0 and max(polled) == 2, polled
+
+
+def fp8_stored(x):
+    """x [N, H] bf16 as an fp8 record stores it and every reader gets it back (recipe/shards/fp8.py)."""
+    from recipe.shards import fp8
+
+    words = x.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+    exp, sm, scales, _, _ = fp8.quantize((words >> 8).astype(np.uint8), (words & 0xFF).astype(np.uint8), x.shape[-1])
+    return torch.from_numpy(fp8.dequantize(exp, sm, scales, x.shape[-1]).view(np.int16).reshape(x.shape)).view(
+        torch.bfloat16
+    )
+
+
+def test_an_fp8_final_slot_passes_though_its_rounding_moves_logprobs_past_bf16s_bound(model):
+    """An fp8 set's final slot carries e4m3's rounding, not bf16's: on the H100 the bf16 bound refused a right
+    slot at 8 of 32 positions. Each position may move by what that rounding moves its logprob, no more."""
+    head, ids, final, _, server = model
+    stored = fp8_stored(final)
+    assert not judge(head, "s", ids, stored, server).ok
+    v = judge(head, "s", ids, stored, server, fp8=True)
+    assert v.ok and v.off == 0, v
+
+
+def test_an_fp8_final_slot_one_layer_early_is_still_refused(model):
+    head, ids, _, early, server = model
+    v = judge(head, "s", ids, fp8_stored(early), server, fp8=True)
+    assert not v.ok and v.off >= 0.75 * v.checked, v

@@ -200,6 +200,18 @@ def test_the_self_check_judges_the_first_samples_and_passes_a_right_final_slot(t
     assert len(judged) == 3, judged
 
 
+@pytest.mark.parametrize("codec", ["lossless", "fp8"])
+def test_the_self_check_allows_an_fp8_set_its_rounding_and_a_lossless_one_bf16s(tmp_path, monkeypatch, codec):
+    from recipe import selfcheck
+
+    seen, judge_all = [], selfcheck.judge_all
+    monkeypatch.setattr(
+        selfcheck, "judge_all", lambda head, items, fp8=False: seen.append(fp8) or judge_all(head, items, fp8)
+    )
+    assert run(sg_cfg(tmp_path, "data.limit=4", "client.self_check=2", f"shards.codec={codec}"))["ok"] == 4
+    assert seen and set(seen) == {codec == "fp8"}
+
+
 def test_the_run_log_holds_its_progress_not_a_line_per_request(tmp_path, caplog):
     caplog.set_level("INFO")
     assert run(sg_cfg(tmp_path, "data.limit=6"))["ok"] == 6
