@@ -152,6 +152,7 @@ class Verdict:
     checked: int
     off: int
     max_diff: float
+    allowed: float = 0.0  # what the bound allowed at that worst position
     shifted: int | None = None  # reading row t+shift for token t makes them agree, if one does
 
     @property
@@ -186,8 +187,9 @@ def judge_all(head: Head, items: list, fp8: bool = False) -> list[Verdict]:
     for (sid, ids, final, server), t in zip(items, ts):
         want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
         k = len(t)
-        diff = np.abs(lp[at : at + k] - want)
-        v = Verdict(sid, k, int((diff > limit[at : at + k]).sum()), float(diff.max()))
+        diff, room = np.abs(lp[at : at + k] - want), limit[at : at + k]
+        worst = int(diff.argmax())
+        v = Verdict(sid, k, int((diff > room).sum()), float(diff[worst]), float(room[worst]))
         at += k
         if not v.ok:
             v.shifted = fitting_shift(head, ids, final, targets[at - k : at], want, t, fp8)
@@ -212,7 +214,8 @@ def refusal(v: Verdict, name: str) -> str:
     )
     return (
         f"self-check failed: the final slot of sample {v.sample} through {name}'s own lm_head disagrees with "
-        f"the server's input-token logprobs at {v.off} of {v.checked} positions (worst {v.max_diff:.3g} nats): "
+        f"the server's input-token logprobs at {v.off} of {v.checked} positions (worst {v.max_diff:.3g} nats, "
+        f"{v.allowed:.3g} allowed there): "
         f"{why}. The dump is wrong for this architecture; the samples stored so far carry it"
     )
 
