@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 POSITIONS = 32  # prompt positions checked per sample, spread over it
 OUTLIERS = 0.1  # the share of positions allowed past the bound before the run is refused
 SIGMAS = 5.0  # an fp8 set: how many standard deviations of its rounding's effect a logprob may move
+# ... and the most that standard deviation may be (median over a sample's positions): past it, SIGMAS of it
+# pass a slot one layer off (about a nat away, on the H200), and a draft's teacher lies that far off
+FP8_ROUNDING = 0.25
 
 
 class SelfCheckFailed(UserError, RuntimeError):
@@ -153,11 +156,17 @@ class Verdict:
     off: int
     max_diff: float
     allowed: float = 0.0  # what the bound allowed at that worst position
+    rounding: float = 0.0  # an fp8 record: the median standard deviation its rounding moves a logprob by
     shifted: int | None = None  # reading row t+shift for token t makes them agree, if one does
 
     @property
     def ok(self) -> bool:
         return self.off <= OUTLIERS * self.checked
+
+    @property
+    def judged(self) -> bool:
+        """Whether a wrong slot would show: not when the codec's rounding alone moves logprobs as far."""
+        return self.rounding <= FP8_ROUNDING
 
 
 def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list, fp8: bool = False) -> Verdict:
@@ -167,11 +176,12 @@ def judge(head: Head, sample_id: str, ids: np.ndarray, final, server: list, fp8:
     return judge_all(head, [(sample_id, ids, final, server)], fp8)[0]
 
 
-def allowed(head: Head, states, targets, fp8: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: log p(target), and how far the server's may be from it: bf16's bound, and for an fp8
-    record SIGMAS standard deviations of what its rounding moves."""
+def allowed(head: Head, states, targets, fp8: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: log p(target), how far the server's may be from it (bf16's bound, and for an fp8 record
+    SIGMAS standard deviations of what its rounding moves), and that standard deviation (0: lossless)."""
     lp, peak, *sigma = head.logprobs(states, targets, fp8_variance(states) if fp8 else None)
-    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)
+    sigma = sigma[0] if fp8 else np.zeros_like(lp)
+    return lp, bound(peak) + SIGMAS * sigma, sigma
 
 
 def judge_all(head: Head, items: list, fp8: bool = False) -> list[Verdict]:
@@ -182,14 +192,15 @@ def judge_all(head: Head, items: list, fp8: bool = False) -> list[Verdict]:
     ts = [torch.as_tensor(positions(len(ids))) for _, ids, _, _ in items]
     states = torch.cat([final[t] for (_, _, final, _), t in zip(items, ts)])
     targets = torch.cat([torch.as_tensor(ids[t.numpy() + 1].astype(np.int64)) for (_, ids, _, _), t in zip(items, ts)])
-    lp, limit = allowed(head, states, targets, fp8)
+    lp, limit, sigma = allowed(head, states, targets, fp8)
     out, at = [], 0
     for (sid, ids, final, server), t in zip(items, ts):
         want = np.asarray([server[i + 1][0] for i in t.tolist()], dtype=np.float64)
         k = len(t)
         diff, room = np.abs(lp[at : at + k] - want), limit[at : at + k]
         worst = int(diff.argmax())
-        v = Verdict(sid, k, int((diff > room).sum()), float(diff[worst]), float(room[worst]))
+        v = Verdict(sid, k, int((diff > room).sum()), float(diff[worst]), float(room[worst]),
+                    float(np.median(sigma[at : at + k])))  # fmt: skip
         at += k
         if not v.ok:
             v.shifted = fitting_shift(head, ids, final, targets[at - k : at], want, t, fp8)
@@ -200,10 +211,19 @@ def judge_all(head: Head, items: list, fp8: bool = False) -> list[Verdict]:
 def fitting_shift(head: Head, ids: np.ndarray, final, targets, want: np.ndarray, t, fp8: bool) -> int | None:
     """The shift (-1 or 1) of rows that makes a disagreeing sample agree, if one does."""
     for shift in (-1, 1):
-        lp, limit = allowed(head, final[(t + shift).clamp(0, len(ids) - 1)], targets, fp8)
+        lp, limit, _ = allowed(head, final[(t + shift).clamp(0, len(ids) - 1)], targets, fp8)
         if int((np.abs(lp - want) > limit).sum()) <= OUTLIERS * len(t):
             return shift
     return None
+
+
+def unjudged(v: Verdict, name: str) -> str:
+    return (
+        f"self-check failed: the fp8 codec's rounding of {name}'s final state moves its logprobs by "
+        f"{v.rounding:.3g} nats (one standard deviation, the median over sample {v.sample}'s {v.checked} positions): "
+        "a wrong slot would pass, and a draft's teacher computed from it is that far off. The state spans more than "
+        "e4m3's range within a token; store this model's set lossless (shards.codec=lossless)"
+    )
 
 
 def refusal(v: Verdict, name: str) -> str:
@@ -295,6 +315,8 @@ class SelfCheck:
         log.info("self-check: %d samples judged in %.2f s", len(items), time.monotonic() - t0)
         for v in verdicts:
             self.verdicts.append(v)
+            if not v.judged:
+                raise SelfCheckFailed(unjudged(v, Path(self.model_dir).name))
             if not v.ok:
                 raise SelfCheckFailed(refusal(v, Path(self.model_dir).name))
             log.info("self-check: sample %s's final slot gives the server's logprobs (%d positions, worst %.3g "

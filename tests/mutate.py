@@ -128,15 +128,29 @@ MUTATIONS = {
     ),
     "self_check_allows_fp8_no_rounding": (
         "recipe/selfcheck.py",
-        "    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)",
-        "    return lp, bound(peak)",
+        "    return lp, bound(peak) + SIGMAS * sigma, sigma",
+        "    return lp, bound(peak), sigma",
         ["tests/test_selfcheck.py::test_an_fp8_final_slot_passes_though_its_rounding_moves_logprobs_past_bf16s_bound"],
     ),
     "self_check_fp8_allows_anything": (
         "recipe/selfcheck.py",
-        "    return lp, bound(peak) + (SIGMAS * sigma[0] if fp8 else 0)",
-        "    return lp, bound(peak) + (50 * SIGMAS * sigma[0] if fp8 else 0)",
+        "    return lp, bound(peak) + SIGMAS * sigma, sigma",
+        "    return lp, bound(peak) + 50 * SIGMAS * sigma, sigma",
         ["tests/test_selfcheck.py::test_an_fp8_final_slot_one_layer_early_is_still_refused"],
+    ),
+    "self_check_judges_an_fp8_slot_its_rounding_hides": (
+        "recipe/selfcheck.py",
+        "            if not v.judged:",
+        "            if False:",
+        [
+            "tests/test_selfcheck.py::test_an_fp8_set_whose_rounding_alone_moves_logprobs_that_far_is_refused_naming_lossless"
+        ],
+    ),
+    "draft_bench_fp8_call_keeps_the_spread_fp8_cannot_hold": (
+        "bench/draft/scenario.py",
+        "        a.norm_spread = 1.0 if a.fp8 else 3.0",
+        "        a.norm_spread = 3.0",
+        ["tests/test_draft_bench.py::test_an_fp8_call_trains_a_target_whose_final_state_fp8_can_hold"],
     ),
     "draft_bench_out_of_memory_arm_stops_the_call": (
         "bench/draft/train.py",

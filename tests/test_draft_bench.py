@@ -287,3 +287,11 @@ def test_an_arm_out_of_gpu_memory_beside_the_others_trains_again_once_one_ends(t
     fails = lambda arm, p, t0: train.finish_arm(tmp_path, arm, p, t0, None, ())  # noqa: E731
     with pytest.raises(SystemExit, match="train c: specforge train exited 1"):
         sys.modules["draft.waves"].run_arms({"c": (p, 0.0)}, fails, launch, print)
+
+
+def test_an_fp8_call_trains_a_target_whose_final_state_fp8_can_hold():
+    """At the default spread a token's final state spans 1e8 across channels and the self-check refuses an
+    fp8 set of it (tests/test_selfcheck.py); an fp8 call's target gets an even one, unless told."""
+    assert draft.parse_args(["all", "--fp8"]).norm_spread == 1.0
+    assert draft.parse_args(["all"]).norm_spread == 3.0
+    assert draft.parse_args(["all", "--fp8", "--norm-spread", "2"]).norm_spread == 2.0

@@ -128,3 +128,21 @@ def test_an_fp8_final_slot_one_layer_early_is_still_refused(model):
     head, ids, _, early, server = model
     v = judge(head, "s", ids, fp8_stored(early), server, fp8=True)
     assert not v.ok and v.off >= 0.75 * v.checked, v
+
+
+def test_an_fp8_set_whose_rounding_alone_moves_logprobs_that_far_is_refused_naming_lossless(model):
+    """A final state spanning more than e4m3's range within a token (its norm's channels 1e-4 to 1e4 apart,
+    lm_head's columns the inverse: the draft bench's target) loses its small channels to fp8: a slot one
+    layer off would pass, and the teacher a draft learns from is off by nats. The run says so."""
+    from pathlib import Path
+
+    from recipe.selfcheck import SelfCheck, SelfCheckFailed
+
+    head, ids, final, early, server = model
+    v = judge(head, "s", ids, fp8_stored(final), server, fp8=True)
+    assert v.judged, v  # the model above: an even norm
+    s = torch.exp(3.0 * torch.randn(H, generator=torch.Generator().manual_seed(3)))
+    check = SelfCheck(Path("/models/spread"), 1, 0, head=Head((head.weight.float() / s).to(torch.bfloat16), None))
+    for state in (final, early):
+        with pytest.raises(SelfCheckFailed, match=r"fp8 codec's rounding .*shards\.codec=lossless"):
+            check._judge([("s", ids, fp8_stored((state.float() * s).to(torch.bfloat16)), server)], fp8=True)

@@ -95,8 +95,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--target-layers", type=int, default=TARGET["num_hidden_layers"])
     # The final norm weight's log-normal spread (spread_final_norm) sets what the wrong-norm control
     # costs: at 3.0 the wrong teacher's argmax differs at 75 % of positions (the draft accepts 0.36x);
-    # at 1.5 at 17 % (0.93x)
-    ap.add_argument("--norm-spread", type=float, default=3.0)
+    # at 1.5 at 17 % (0.93x). With --fp8 the default is 1.0: at 3.0 a token's final state spans 1e8 across
+    # channels, past e4m3's range within a row, and the run's self-check refuses the fp8 set (as it would
+    # a user's model like it)
+    ap.add_argument("--norm-spread", type=float, default=None, help="default 3.0; with --fp8, 1.0")
     # The measure decodes greedily, so the draft learns the target's greedy replies (SpecForge's
     # regenerate_train_data.py samples at 0.7 by default, for sampled serving)
     ap.add_argument("--data-temperature", type=float, default=0.0)
@@ -131,7 +133,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # the recipe's data.regenerate has the target rewrite them: drafts from its answers against drafts from
     # the original ones (with --seeds)
     ap.add_argument("--regen", action="store_true")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.norm_spread is None:
+        a.norm_spread = 1.0 if a.fp8 else 3.0
+    return a
 
 
 def main(argv=None) -> int:
