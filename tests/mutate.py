@@ -1649,8 +1649,8 @@ MUTATIONS = {
     ),
     "self_check_judges_each_sample_by_the_firsts_rows": (
         "recipe/selfcheck.py",
-        "        diff = np.abs(lp[at : at + k] - want)",
-        "        diff = np.abs(lp[:k] - want)",
+        "        diff, room = np.abs(lp[at : at + k] - want), limit[at : at + k]",
+        "        diff, room = np.abs(lp[:k] - want), limit[at : at + k]",
         ["tests/test_selfcheck.py::test_samples_judged_together_each_get_their_own_verdict"],
     ),
 }
