@@ -295,3 +295,25 @@ def test_an_fp8_call_trains_a_target_whose_final_state_fp8_can_hold():
     assert draft.parse_args(["all", "--fp8"]).norm_spread == 1.0
     assert draft.parse_args(["all"]).norm_spread == 3.0
     assert draft.parse_args(["all", "--fp8", "--norm-spread", "2"]).norm_spread == 2.0
+
+
+def test_the_bpe_target_regenerates_its_answers_through_its_llama3_template(bpe_work, tmp_path):
+    """--regen's real set, as the recipe captures it, on the CPU backend: the BPE target's template trims each
+    turn's content, and regeneration still finds its end-of-turn token (the H100 run stopped there once)."""
+    from conftest import compose
+
+    from recipe.main import run
+    from recipe.shards import ShardReader
+
+    work, tok, _ = bpe_work
+    out = tmp_path / "regen"
+    counts = run(compose([
+        f"model.path={work / 'target'}", "model.name=bpe", "data=jsonl", "data.limit=2",
+        f"data.sources=[{work / 'data' / 'train.jsonl'}]", "capture.layers=[2,8,13]", f"output_dir={out}",
+        f"capture.dump_dir={tmp_path / 'shm'}", "data.regenerate.turns=last", "data.regenerate.max_new_tokens=8",
+    ]))  # fmt: skip
+    assert counts["ok"] == 2
+    r = ShardReader(out)
+    for sid in r.ids:
+        x = r.get(sid)
+        assert 0 < int(x["loss_mask"].sum()) <= 8 and x["loss_mask"][-1] == 1  # the generated tokens alone
