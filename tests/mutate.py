@@ -152,6 +152,12 @@ MUTATIONS = {
         "        a.norm_spread = 3.0",
         ["tests/test_draft_bench.py::test_an_fp8_call_trains_a_target_whose_final_state_fp8_can_hold"],
     ),
+    "draft_bench_resumes_a_work_folder_made_with_other_options": (
+        "bench/draft/scenario.py",
+        "    if diff:\n        was =",
+        "    if False:\n        was =",
+        ["tests/test_draft_bench.py::test_a_call_on_a_work_folder_made_with_other_options_stops_in_one_line"],
+    ),
     "draft_bench_out_of_memory_arm_stops_the_call": (
         "bench/draft/train.py",
         '        if out_of_memory(work / "drafts" / f"{arm}.log"):',

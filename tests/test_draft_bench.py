@@ -317,3 +317,30 @@ def test_the_bpe_target_regenerates_its_answers_through_its_llama3_template(bpe_
     for sid in r.ids:
         x = r.get(sid)
         assert 0 < int(x["loss_mask"].sum()) <= 8 and x["loss_mask"][-1] == 1  # the generated tokens alone
+
+
+def test_a_call_on_a_work_folder_made_with_other_options_stops_in_one_line(tmp_path, monkeypatch):
+    """A work folder holds one target and its drafts: a resumed call with another target (another
+    vocabulary, style or norm) or, while drafts are there, other draft options would put arms of two
+    scenarios side by side. It stops first, saying what differs and what to do."""
+    import json
+
+    scenario = sys.modules["draft.scenario"]
+
+    def server(*a, **k):
+        raise AssertionError("a step began")
+
+    monkeypatch.setattr(scenario, "server", server)
+    monkeypatch.setattr(scenario, "Serving", server)
+    first = scenario.parse_args(["all", "--work", str(tmp_path), "--bpe-vocab", "16384", "--draft-vocab", "4096"])
+    (tmp_path / "results.json").write_text(json.dumps({"made_with": scenario.made_with({}, first)}))
+    with pytest.raises(SystemExit, match=r"made with --bpe-vocab 16384, not this call's: use another --work"):
+        draft.main(["all", "--work", str(tmp_path), "--draft-vocab", "4096"])
+    with pytest.raises(SystemExit, match=r"made with --norm-spread 3.0, not this call's"):  # --fp8's own target
+        draft.main(["all", "--work", str(tmp_path), "--bpe-vocab", "16384", "--draft-vocab", "4096", "--fp8"])
+    smaller = scenario.parse_args(["all", "--work", str(tmp_path), "--bpe-vocab", "16384", "--draft-vocab", "2048"])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert scenario.made_with(res, smaller)["draft_vocab"] == 2048  # no drafts yet: the drafts' options are free
+    (tmp_path / "drafts").mkdir()
+    with pytest.raises(SystemExit, match=r"made with --draft-vocab 4096, not this call's: rm -rf its drafts/"):
+        scenario.made_with(res, smaller)

@@ -82,6 +82,26 @@ def unfinished(work: Path, name: str, plan: dict) -> bool:
     return False
 
 
+# What makes the target and its data, and what makes the drafts: a work folder holds one of each, and a
+# resumed call with other values would compare arms of two scenarios as if they were one
+TARGET_OPTIONS = ("bpe_vocab", "regen", "norm_spread", "target_layers", "target_seconds", "train_conversations",
+                  "eval_prompts", "data_temperature")  # fmt: skip
+DRAFT_OPTIONS = ("draft_vocab", "epochs", "batch_size", "learning_rate", "ttt_length")
+
+
+def made_with(res: dict, a: argparse.Namespace) -> dict:
+    """This call's options, once checked against those the work folder was made with: a target's always,
+    the drafts' while drafts/ holds drafts made with them. Differing, the call stops in one line."""
+    before, now = res.get("made_with") or {}, {k: getattr(a, k) for k in TARGET_OPTIONS + DRAFT_OPTIONS}
+    held = TARGET_OPTIONS + (DRAFT_OPTIONS if (a.work / "drafts").is_dir() else ())
+    diff = [k for k in held if k in before and before[k] != now[k]]
+    if diff:
+        was = ", ".join(f"--{k.replace('_', '-')} {before[k]}" for k in diff)
+        fix = "rm -rf its drafts/ and vocab/" if set(diff) <= set(DRAFT_OPTIONS) else "use another --work"
+        raise SystemExit(f"{a.work} holds a scenario made with {was}, not this call's: {fix}")
+    return now
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     about = "Does a draft trained on the recipe's shards make the target decode faster?"
     ap = argparse.ArgumentParser(description=about)
@@ -148,6 +168,7 @@ def main(argv=None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     res_path = a.work / "results.json"
     res = json.loads(res_path.read_text()) if res_path.exists() else {}
+    res["made_with"] = made_with(res, a)
     plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length,
                 export_steps=a.export_steps, draft_vocab=a.draft_vocab, seeds=a.seeds, fp8=a.fp8, regen=a.regen,
                 only=[x for x in a.arms.split(",") if x])  # fmt: skip
