@@ -106,9 +106,9 @@ def test_the_watcher_keeps_watching_while_its_requests_are_out_unanswered():
 def fp8_stored(x):
     """x [N, H] bf16 as an fp8 record stores it and every reader gets it back (recipe/shards/fp8.py)."""
     from recipe.shards import fp8
+    from recipe.shards.codec import split_planes
 
-    words = x.view(torch.int16).numpy().view(np.uint16).reshape(-1)
-    exp, sm, scales, _, _ = fp8.quantize((words >> 8).astype(np.uint8), (words & 0xFF).astype(np.uint8), x.shape[-1])
+    exp, sm, scales, _, _ = fp8.quantize(*split_planes(x.view(torch.int16).numpy()), x.shape[-1])
     return torch.from_numpy(fp8.dequantize(exp, sm, scales, x.shape[-1]).view(np.int16).reshape(x.shape)).view(
         torch.bfloat16
     )

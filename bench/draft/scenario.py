@@ -86,7 +86,7 @@ def unfinished(work: Path, name: str, plan: dict) -> bool:
 # resumed call with other values would compare arms of two scenarios as if they were one
 TARGET_OPTIONS = ("bpe_vocab", "regen", "norm_spread", "target_layers", "target_seconds", "train_conversations",
                   "eval_prompts", "data_temperature")  # fmt: skip
-DRAFT_OPTIONS = ("draft_vocab", "epochs", "batch_size", "learning_rate", "ttt_length")
+DRAFT_OPTIONS = ("draft_vocab", "epochs", "batch_size", "learning_rate", "ttt_length", "export_steps")
 
 
 def made_with(res: dict, a: argparse.Namespace) -> dict:
