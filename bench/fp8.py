@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -106,6 +107,15 @@ def speeds(h: np.ndarray, repeat: int) -> dict:
     return out
 
 
+def cpu() -> dict:
+    """The box the speeds were read on: its model and the vector units the C loops can use."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    return {"model": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "avx2": "avx2" in flags, "avx512f": "avx512f" in flags}  # fmt: skip
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=16384)
@@ -113,7 +123,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     h, info = real_activations(a.tokens)
-    res = {"argv": sys.argv, "cpu": platform.processor() or platform.machine(), "data": info,
+    res = {"argv": sys.argv, "cpu": cpu(), "data": info,
            "slots": ["hidden_states[1]", "hidden_states[3]", "hidden_states[5]", "last (post-norm)"],
            "rel_l2_error": errors(h), "bytes": ratios(h), "speed_one_thread": speeds(h, a.repeat)}  # fmt: skip
     print(json.dumps({k: v for k, v in res.items() if k != "argv"}, indent=2))
