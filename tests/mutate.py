@@ -1009,6 +1009,12 @@ MUTATIONS = {
         "uint32_t normal = ((a + 0x80000u) >> 20) - (120u << 3);",
         ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
     ),
+    "fp8_error_sums_drop_a_rows_last_values": (
+        "recipe/shards/_fp8.c",
+        "        for (; i < width; i++) {\n            e2 += d2[i];",
+        "        for (; i < i; i++) {\n            e2 += d2[i];",
+        ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
+    ),
     "fp8_groups_follow_the_pieces": (
         "recipe/packer/worker.py",
         "    for row, hi, lo in groups(((r, h, lo) for (r, h), (_, lo) in pairs), fp8.group_tokens(slots, hidden)):",

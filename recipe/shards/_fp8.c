@@ -61,7 +61,8 @@ static inline float bf16_value(const uint8_t *h, const uint8_t *l, Py_ssize_t i)
 #endif
 
 WIDE static void quantize_rows(const uint8_t *hi, const uint8_t *lo, Py_ssize_t rows, Py_ssize_t width, uint8_t *exp,
-                               uint8_t *sm, float *scales, double *err, double *norm, uint8_t *codes) {
+                               uint8_t *sm, float *scales, double *err, double *norm, uint8_t *restrict codes,
+                               float *restrict d2, float *restrict f2) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const uint8_t *h = hi + r * width, *l = lo + r * width;
         uint32_t top = 0;  /* max |x|: finite floats order as their magnitude bits do */
@@ -72,13 +73,31 @@ WIDE static void quantize_rows(const uint8_t *hi, const uint8_t *lo, Py_ssize_t 
         float amax = from_bits(top << 16), scale = amax / FP8_MAX, inv = amax > 0.0f ? FP8_MAX / amax : 0.0f;
         /* sums in the scale's units (each term at most 448^2, a float holds them), back in x's units in
            double: what underflows here is below 1e-38 of the row's squared norm, nothing to its error */
-        float e2 = 0.0f, n2 = 0.0f;
+        /* two passes: a sum carried through the coding loop kept it from vectorising (a float sum is
+           not reordered), 0.29 against 1.1 GB/s a core (bench/fp8.py); the squares go to d2 and f2,
+           then eight partial sums, one a lane */
         for (Py_ssize_t i = 0; i < width; i++) {
             float x = bf16_value(h, l, i), f = x * inv;
-            codes[i] = encode(f);
-            float d = (from_bits((uint32_t)to_bf16(decode(codes[i]) * scale) << 16) - x) * inv;
-            e2 += d * d;
-            n2 += f * f;
+            uint8_t c = encode(f);
+            codes[i] = c;
+            float d = (from_bits((uint32_t)to_bf16(decode(c) * scale) << 16) - x) * inv;
+            d2[i] = d * d;
+            f2[i] = f * f;
+        }
+        float e2v[8] = {0}, n2v[8] = {0}, e2 = 0.0f, n2 = 0.0f;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= width; i += 8)
+            for (int k = 0; k < 8; k++) {
+                e2v[k] += d2[i + k];
+                n2v[k] += f2[i + k];
+            }
+        for (; i < width; i++) {
+            e2 += d2[i];
+            n2 += f2[i];
+        }
+        for (int k = 0; k < 8; k++) {
+            e2 += e2v[k];
+            n2 += n2v[k];
         }
         Py_ssize_t half = width / 2;
         uint8_t *e = exp + r * half, *s = sm + r * half;
@@ -128,14 +147,16 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "quantize: %zd bytes a plane in rows of %zd, buffers of other sizes", hi.len,
                      width);
     else {
-        uint8_t *codes = malloc((size_t)width);  /* one row's codes before they are split */
-        if (codes == NULL)
+        /* one row's squared errors and values before they are summed, and its codes before they are split */
+        float *row = malloc((size_t)width * (2 * sizeof(float) + 1));
+        if (row == NULL)
             PyErr_NoMemory();
         else {
             Py_BEGIN_ALLOW_THREADS
-            quantize_rows(hi.buf, lo.buf, rows, width, exp.buf, sm.buf, scales.buf, err.buf, norm.buf, codes);
+            quantize_rows(hi.buf, lo.buf, rows, width, exp.buf, sm.buf, scales.buf, err.buf, norm.buf,
+                          (uint8_t *)(row + 2 * width), row, row + width);
             Py_END_ALLOW_THREADS
-            free(codes);
+            free(row);
             result = Py_NewRef(Py_None);
         }
     }
