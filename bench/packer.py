@@ -1,6 +1,7 @@
 """Packer throughput on synthetic dumps (no GPU): raw MB/s through reassembly, validation, codec, store.
 
   python bench/packer.py --workers 1,2,4,8,16 --out-dir /dev/shm/pk     # the scaling table, one line per count
+  python bench/packer.py --codec fp8 --workers 1,4,8 --out-dir /dev/shm/pk   # the fp8 codec's (shards.codec=fp8)
   python bench/packer.py --samples 160 --workers 2 --stream-budget-gb 1 --out-dir /tmp/pk   # memory over 12x the budget
 Each sample is a 8B-shaped record (tokens x 4 slots x 4096, bf16 ~ N(0, 0.05): compresses 1.50x with the
 default codec, real activations 1.45x, bench/codec.py), written as the SGLang hook writes it (byte
@@ -56,6 +57,7 @@ def main():
     ap.add_argument("--workers", default="2", help="a count, or several: 1,2,4,8,16")
     ap.add_argument("--level", type=int, default=1)
     ap.add_argument("--level-only", action="store_true", help="zstd --level instead of the entropy-only tuning")
+    ap.add_argument("--codec", default="lossless", choices=["lossless", "fp8"], help="shards.codec")
     ap.add_argument("--out-dir", default="/tmp/packer-bench")
     ap.add_argument("--stream-budget-gb", type=float, default=0, help="write dumps while packing, within this budget")
     a = ap.parse_args()
@@ -89,7 +91,7 @@ def one_run(a, workers: int, n_samples: int, planes, rng) -> dict:
     packer = Packer(
         dump,
         store,
-        Codec(a.level, entropy_only=not a.level_only),
+        Codec(a.level, entropy_only=not a.level_only, kind=a.codec),
         [f"s{k}" for k in range(a.slots)],
         workers=workers,
         progress=Progress(n_samples, 1e9),
