@@ -74,7 +74,7 @@ WIDE static void quantize_rows(const uint8_t *hi, const uint8_t *lo, Py_ssize_t 
         /* sums in the scale's units (each term at most 448^2, a float holds them), back in x's units in
            double: what underflows here is below 1e-38 of the row's squared norm, nothing to its error */
         /* two passes: a sum carried through the coding loop kept it from vectorising (a float sum is
-           not reordered), 0.29 against 1.1 GB/s a core (bench/fp8.py); the squares go to d2 and f2,
+           not reordered): 0.29 against 1.2 GB/s a core (bench/fp8.py). The squares go to d2 and f2,
            then eight partial sums, one a lane */
         for (Py_ssize_t i = 0; i < width; i++) {
             float x = bf16_value(h, l, i), f = x * inv;
