@@ -1,7 +1,7 @@
 """Mutation check: put each listed bug into the code, run the tests meant to catch it, report which
 survive. The guarantee tests are only worth something if every mutation here is caught.
 
-    python tests/mutate.py            # all (about 30 minutes on 2 cores)
+    python tests/mutate.py            # all (about 45 minutes on 2 cores)
     python tests/mutate.py --fast     # the subset CI runs (about 3 minutes)
     python tests/mutate.py --list
     python tests/mutate.py coverage_one_short inf_not_flagged
@@ -1672,7 +1672,7 @@ MUTATIONS = {
 
 
 # What CI runs (`--fast`, about 3 minutes on 2 cores): the store's and the input's guarantees, each
-# mutation's tests in the fast group. The whole list runs by hand (about 30 minutes).
+# mutation's tests in the fast group. The whole list runs by hand (about 45 minutes).
 FAST = (
     "null_content_read_as_empty",
     "a_cut_zst_read_as_a_shorter_file",
