@@ -30,6 +30,7 @@ from recipe.capture import records  # noqa: E402
 from recipe.capture.writer import CaptureWriter  # noqa: E402
 from recipe.data import Sample  # noqa: E402
 from recipe.packer import Packer, Progress  # noqa: E402
+from recipe.shards import codec, fp8  # noqa: E402
 from recipe.shards.codec import Codec  # noqa: E402
 from recipe.shards.store import ShardStore  # noqa: E402
 
@@ -135,6 +136,7 @@ def figures(a, workers: int, n_samples: int, tot: dict, dt: float, cpu0, cpu, rs
         "raw_MB_per_s_per_worker": round(tot["raw_bytes"] / dt / 1e6 / workers, 1),
         "ratio": round(tot["raw_bytes"] / tot["stored_bytes"], 4),
         "cpus": os.cpu_count(),
+        "loops": {"fp8": fp8.IMPL, "join": codec.JOIN},  # compiled (C) or numpy: the rates depend on it
         # where the time went: workers busy (user+sys over workers x seconds) and the main process
         "worker_cpu_user_s": round(cpu.children_user - cpu0.children_user, 2),
         "worker_cpu_sys_s": round(cpu.children_system - cpu0.children_system, 2),

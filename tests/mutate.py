@@ -1433,9 +1433,21 @@ MUTATIONS = {
     ),
     "verify_trusts_the_token_counts": (
         "recipe/shards/verify.py",
-        "counted = None if problems else tokencounts.problem(root, r.records)",
+        "counted = None if problems else tokencounts.problem(root, r.records, counts)",
         "counted = None",
         ["tests/test_edges.py::test_edited_token_counts_are_caught_by_verify_and_rebuilt_by_repair"],
+    ),
+    "verify_keeps_only_the_last_ranges_counts": (
+        "recipe/shards/verify.py",
+        "            counts.extend(tokencounts.Counts.of_sparse(part.counts))",
+        "            counts = tokencounts.Counts.of_sparse(part.counts)",
+        ["tests/test_edges.py::test_verify_counts_tokens_in_its_workers_as_one_reader_counts_them_in_order"],
+    ),
+    "token_counts_rank_new_ids_in_position_order": (
+        "recipe/shards/tokencounts.py",
+        "                new = np.unique(fresh)  # ascending within a sample",
+        "                new = fresh[np.sort(np.unique(fresh, return_index=True)[1])]",
+        ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
     ),
     "repair_keeps_edited_token_counts": (
         "recipe/shards/mend.py",
@@ -1451,8 +1463,8 @@ MUTATIONS = {
     ),
     "a_cut_shard_hides_its_other_damage": (
         "recipe/shards/verify.py",
-        '        if rec["id"] in lost:',
-        '        if any(x["id"] in lost for x in r.records if x["shard"] == rec["shard"]):',
+        'why, tokens = (None, None) if rec["id"] in lost else',
+        'why, tokens = (None, None) if any(x["id"] in lost for x in r.records if x["shard"] == rec["shard"]) else',
         ["tests/test_edges.py::test_a_shard_cut_short_does_not_hide_other_damage_in_it"],
     ),
     "repair_silent_on_a_damaged_unindexed_record": (

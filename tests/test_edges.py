@@ -16,6 +16,7 @@ from conftest import small_run_cfg as cfg
 from recipe.main import run
 from recipe.shards import ShardReader
 from recipe.shards import tokencounts as tc
+from recipe.shards import verify as verify_mod
 from recipe.shards.__main__ import main as shards_cli
 from recipe.shards.export import export_lock
 from recipe.shards.verify import verify
@@ -167,6 +168,17 @@ def test_edited_token_counts_are_caught_by_verify_and_rebuilt_by_repair(finished
     assert verify(out) == []
     counts = tc.Counts.from_file(path)
     assert tc.same(counts, tc.catch_up(tc.Counts(), out, lines(out)))
+
+
+def test_verify_counts_tokens_in_its_workers_as_one_reader_counts_them_in_order(finished, tmp_path, monkeypatch):
+    out = fresh(finished, tmp_path / "out")
+    monkeypatch.setattr(verify_mod, "RANGE_RECORDS", 1)  # a range per sample: every join between ranges is met
+    assert verify(out, workers=2) == []
+    z = dict(np.load(out / tc.FILE))
+    order = np.arange(z["loss_ids"].size)
+    order[-2:] = order[-2:][::-1]  # the last two ids first seen the other way round: counts and totals the same
+    np.savez(out / tc.FILE, **{**z, "loss_ids": z["loss_ids"][order], "loss_counts": z["loss_counts"][order]})
+    assert any(f"{tc.FILE} does not hold" in p for p in verify(out, workers=2))
 
 
 def test_counts_whose_totals_disagree_with_the_index_are_never_used(finished, tmp_path):

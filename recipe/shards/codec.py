@@ -357,12 +357,10 @@ def record_tokens(source) -> tuple[np.ndarray, np.ndarray]:
     try:
         r = _decompressor().stream_reader(source, read_across_frames=False, closefd=False)
         header, _ = _header(_stream_header(r))
-        tensors = header["tensors"][:2]
-        if [t["name"] for t in tensors] != list(TOKENS) or any(t["transform"] != "none" for t in tensors):
-            raise CorruptRecord(f"record does not start with {TOKENS}")
+        tensors = _token_tensors(header)
         body = np.empty(tensors[1]["offset"] + tensors[1]["nbytes"], np.uint8)
         _read_into(r, memoryview(body))
-        return tuple(_tensor(body, t["offset"], t, None)[0] for t in tensors)
+        return _tokens(header, body, 0)
     except (zstd.ZstdError, ValueError, EOFError, KeyError, TypeError) as e:
         if isinstance(e, CorruptRecord):
             raise
@@ -480,18 +478,42 @@ def hidden_shape(header: dict) -> tuple | None:
     return shapes.get("hidden") or shapes.get(fp8.CODE)
 
 
+def _token_tensors(header: dict) -> list[dict]:
+    tensors = header["tensors"][:2]
+    if [t["name"] for t in tensors] != list(TOKENS) or any(t["transform"] != "none" for t in tensors):
+        raise CorruptRecord(f"record does not start with {TOKENS}")
+    return tensors
+
+
+def _tokens(header: dict, body: np.ndarray, off: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, loss mask), copied out of frame A's content whose tensors start at `off`."""
+    return tuple(_tensor(body, off + t["offset"], t, None)[0] for t in _token_tensors(header))
+
+
 def check(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> dict:
     """What decode() refuses, refused, without building the arrays -> the record's header: its crc32,
     frame A decoded whole (zstd's own checksum, the size its header states) and frame B's blocks and
     size. verify's check: the planes are not joined into words, which only a reader needs
     (docs/benchmarks.md, verify against the reader's decode)."""
+    return _checked(frame, expected_crc, recycler)[0]
+
+
+def check_tokens(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> tuple[dict, tuple]:
+    """check() -> (the header, (ids, loss mask)): what record_tokens reads, from the frame A that
+    check decoded (verify counts every record's tokens without decoding it twice)."""
+    header, body, off = _checked(frame, expected_crc, recycler)
     with _as_corrupt():
-        header = _frame_a(frame, expected_crc, recycler.take if recycler is not None else np.empty)[0]
+        return header, _tokens(header, body, off)
+
+
+def _checked(frame, expected_crc: int | None, recycler: Recycler | None) -> tuple[dict, np.ndarray, int]:
+    with _as_corrupt():
+        header, body, off = _frame_a(frame, expected_crc, recycler.take if recycler is not None else np.empty)
         tail = _tail_tensor(header)
         if tail is not None:
             _low_plane(frame, header, math.prod(tail["shape"]))
     _check_fp8_shapes(header)
-    return header
+    return header, body, off
 
 
 def _check_fp8_shapes(header: dict) -> None:

@@ -102,9 +102,10 @@ def check(shard_dir: Path, lines: list, deep: bool = False, suspect: set[str] = 
           foreign: Foreign | None = None) -> Checked:  # fmt: skip
     """`lines`: the index as read (malformed lines included). `suspect`: shards walked whatever the
     cheap check says. `foreign` (belonging.judge): why a record no line names is not the set's own."""
-    valid = [r for r in lines if line_problem(r) is None]
-    dropped = [(str(r.get("id")) if type(r) is dict else "?", f"malformed index line ({line_problem(r)})")
-               for r in lines if line_problem(r) is not None]  # fmt: skip
+    judged = [(r, line_problem(r)) for r in lines]  # once a line: it is most of a resume's plan
+    valid = [r for r, why in judged if why is None]
+    dropped = [(str(r.get("id")) if type(r) is dict else "?", f"malformed index line ({why})")
+               for r, why in judged if why is not None]  # fmt: skip
     by_shard: dict[str, list[dict]] = {}
     for r in valid:
         by_shard.setdefault(r["shard"], []).append(r)

@@ -59,14 +59,27 @@ class Counts:
         ids, mask = np.asarray(ids, np.int64), np.asarray(mask)
         if ids.size:
             self._grow(int(ids.max()))
-            u, c = np.unique(ids, return_counts=True)
-            self.all[u] += c
-            u, c = np.unique(ids[mask == 1], return_counts=True)
-            new = u[self.first[u] < 0]
-            self.first[new] = self.ranked + np.arange(new.size)
-            self.ranked += new.size
-            self.loss[u] += c
+            np.add.at(self.all, ids, 1)  # not np.unique: 3x faster on a short chat, as fast on a long one
+            loss = ids[mask == 1]
+            np.add.at(self.loss, loss, 1)
+            fresh = loss[self.first[loss] < 0]
+            if fresh.size:  # after the first samples, mostly none
+                new = np.unique(fresh)  # ascending within a sample
+                self.first[new] = self.ranked + np.arange(new.size)
+                self.ranked += new.size
         self.lines += 1
+
+    def extend(self, other: Counts) -> None:
+        """`other`'s samples appended after these: sums, and `other`'s ids not seen before ranked after
+        these, in its own order."""
+        ids, _ = other.counter()
+        self._grow(int(max(other.loss.size, other.all.size)) - 1)
+        self.loss[: other.loss.size] += other.loss
+        self.all[: other.all.size] += other.all
+        new = ids[self.first[ids] < 0]
+        self.first[new] = self.ranked + np.arange(new.size)
+        self.ranked += new.size
+        self.lines += other.lines
 
     def counter(self) -> tuple[np.ndarray, np.ndarray]:
         """(ids, loss-masked counts) of every id seen in a loss-masked position, in first-seen order."""
@@ -79,13 +92,26 @@ class Counts:
                 "tokens": int(self.all.sum()), "distinct_loss_ids": self.ranked,
                 "distinct_ids": int(np.count_nonzero(self.all))}  # fmt: skip
 
-    def to_bytes(self) -> bytes:
+    def sparse(self) -> dict:
+        """The counts as the ids seen: small for few samples, whatever the vocabulary (what the file
+        holds, and what verify's workers send back)."""
         ids, loss = self.counter()
         every = np.flatnonzero(self.all)
+        return dict(lines=self.lines, loss_ids=ids.astype(np.int32), loss_counts=loss,
+                    all_ids=every.astype(np.int32), all_counts=self.all[every])  # fmt: skip
+
+    @classmethod
+    def of_sparse(cls, z, digest: bytes = b"") -> Counts:
+        c = cls(lines=int(z["lines"]), digest=digest)
+        ids, every = z["loss_ids"].astype(np.int64), z["all_ids"].astype(np.int64)
+        c._grow(int(max(ids.max(initial=-1), every.max(initial=-1))))
+        c.loss[ids], c.first[ids], c.all[every] = z["loss_counts"], np.arange(ids.size), z["all_counts"]
+        c.ranked = ids.size
+        return c
+
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez(buf, version=VERSION, lines=self.lines, digest=np.frombuffer(self.digest, np.uint8),
-                 loss_ids=ids.astype(np.int32), loss_counts=loss, all_ids=every.astype(np.int32),
-                 all_counts=self.all[every])  # fmt: skip
+        np.savez(buf, version=VERSION, digest=np.frombuffer(self.digest, np.uint8), **self.sparse())
         return buf.getvalue()
 
     @classmethod
@@ -93,12 +119,7 @@ class Counts:
         with np.load(path) as z:
             if int(z["version"]) != VERSION:
                 raise ValueError(f"token counts version {int(z['version'])}")
-            c = cls(lines=int(z["lines"]), digest=z["digest"].tobytes())
-            ids, every = z["loss_ids"].astype(np.int64), z["all_ids"].astype(np.int64)
-            c._grow(int(max(ids.max(initial=-1), every.max(initial=-1))))
-            c.loss[ids], c.first[ids], c.all[every] = z["loss_counts"], np.arange(ids.size), z["all_counts"]
-            c.ranked = ids.size
-        return c
+            return cls.of_sparse(z, z["digest"].tobytes())
 
 
 def read_tokens(root: Path, rec: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -169,9 +190,10 @@ def same(a: Counts, b: Counts) -> bool:
     return True
 
 
-def problem(root: Path, records: list) -> str | None:
+def problem(root: Path, records: list, counted: Counts | None = None) -> str | None:
     """Why token_counts.npz does not hold these samples' counts, counted again from their records
-    (what verify says); None where it does, or where there is no file (the next open writes it)."""
+    (`counted`, where the caller has read them already: verify); None where it does, or where there is
+    no file (the next open writes it)."""
     path = Path(root) / FILE
     if path.is_dir():
         return f"{path} is a folder, not the set's token counts: move it away, then repair the set"
@@ -182,9 +204,10 @@ def problem(root: Path, records: list) -> str | None:
         saved = Counts.from_file(path)
     except Exception as e:  # any damage: a cut zip, a folder, a wrong array
         return f"{FILE} is unreadable ({type(e).__name__}): {fix}"
-    if saved.lines == len(records) and covers(saved, records) and same(saved, catch_up(Counts(), root, records)):
-        return None
-    return f"{FILE} does not hold the counts of the samples the index lists: {fix}"
+    wrong = f"{FILE} does not hold the counts of the samples the index lists: {fix}"
+    if saved.lines != len(records) or not covers(saved, records):
+        return wrong
+    return None if same(saved, counted if counted is not None else catch_up(Counts(), root, records)) else wrong
 
 
 def load(root: Path, records: list, cache: dict | None = None) -> Counts:
@@ -227,14 +250,7 @@ def compose(parts: list[Counts], records: list) -> Counts:
     and first-seen order the first set's, then each next set's ids not seen before in its own order."""
     out = Counts()
     for p in parts:
-        ids, _ = p.counter()
-        out._grow(int(max(p.loss.size, p.all.size)) - 1)
-        out.loss[: p.loss.size] += p.loss
-        out.all[: p.all.size] += p.all
-        new = ids[out.first[ids] < 0]
-        out.first[new] = out.ranked + np.arange(new.size)
-        out.ranked += new.size
-        out.lines += p.lines
+        out.extend(p)
     if out.lines != len(records):
         raise ValueError(f"counts of {out.lines} samples for an index of {len(records)}")
     return out

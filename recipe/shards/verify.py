@@ -18,7 +18,7 @@ from .. import units
 from ..errors import CorruptFile
 from ..procs import in_order
 from . import coverage, tokencounts
-from .codec import CorruptRecord, Recycler, check, hidden_shape
+from .codec import CorruptRecord, Recycler, check_tokens, hidden_shape
 from .reader import ShardReader, check_record, manifest_needs
 from .repair import record_ends
 from .store import SHARD_DIR, read_identity
@@ -63,14 +63,15 @@ def verify(root: Path, out=None, workers: int = 1, log=None) -> list[str]:
         what = "is missing" if shard not in sizes else f"is cut short at {sizes[shard]} bytes"
         problems.append(f"{shard} {what}: {len(ids)} samples lost ({redo}): {', '.join(ids)}")
     gone = frozenset(i for ids in lost.values() for i in ids)  # only those: the rest of a cut shard is checked
-    problems += [f"{p} ({redo.replace('them', 'it')})" for p in record_problems(r, gone, workers, log)]
+    found, counts = record_problems(r, gone, workers, log)
+    problems += [f"{p} ({redo.replace('them', 'it')})" for p in found]
     ends = record_ends(r.records)
     found, notes = coverage.unindexed(root, r.records, sizes, frozenset(lost))
     problems += found
     for x in notes:
         print(f"note: {x}", file=out)
     problems += manifest_problems(r.manifest, r.records)
-    counted = None if problems else tokencounts.problem(root, r.records)  # damaged records give no counts
+    counted = None if problems else tokencounts.problem(root, r.records, counts)  # damaged ones give none
     problems += [counted] if counted else []
     verdict = "OK" if not problems else f"{len(problems)} problem(s)"
     print(f"verified {len(r.records)} samples in {len(ends)} shards: {verdict}", file=out)
@@ -84,6 +85,7 @@ class Checked:
     problems: list[str]
     samples: int
     raw_bytes: int
+    counts: dict  # the range's token counts (tokencounts.Counts.sparse), as a trainer's vocabulary counts them
 
 
 def ranges(records: list[dict]) -> list[tuple[int, int]]:
@@ -97,18 +99,19 @@ def ranges(records: list[dict]) -> list[tuple[int, int]]:
     return out + ([(lo, len(records))] if lo < len(records) else [])
 
 
-def record_problems(r: ShardReader, lost: frozenset, workers: int = 1, log=None) -> list[str]:
+def record_problems(r: ShardReader, lost: frozenset, workers: int = 1, log=None) -> tuple[list, tokencounts.Counts]:
     """Every record but the `lost` ids (named already) checked as the reader decodes it (its checksum, frames, its
-    own id) and its shapes against the manifest:
-    in this process, or over `workers` spawned ones, each handed its ranges' index lines."""
+    own id) and its shapes against the manifest, and its tokens counted (read once, with the rest, over
+    the workers): in this process, or over `workers` spawned ones, each handed its ranges' index lines."""
     tasks = [(r.records[lo:hi], lost) for lo, hi in ranges(r.records)]
     progress = Progress(len(r), sum(x.get("raw_bytes", 0) for x in r.records), log)
-    problems = []
+    problems, counts = [], tokencounts.Counts()
     with in_order(check_range, tasks, workers, _open_worker_reader, (str(r.root),), r) as parts:
         for part in parts:  # in index order, as each finishes
             problems += part.problems
+            counts.extend(tokencounts.Counts.of_sparse(part.counts))
             progress.add(part)
-    return problems
+    return problems, counts
 
 
 _WORKER_READER: ShardReader | None = None  # a worker's shards and manifest (its records come with each range)
@@ -121,29 +124,36 @@ def _open_worker_reader(root: str) -> None:
 
 def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None) -> Checked:
     r = _WORKER_READER if r is None else r
-    slots, hidden = len(r.slots), r.manifest["model"]["hidden_size"]
-    problems, nbytes = [], 0
+    problems, nbytes, counts = [], 0, tokencounts.Counts()
     recycler = Recycler()  # one sample's memory, reused for every sample
     for rec in recs:
         nbytes += rec.get("raw_bytes", 0)
-        where = f"sample {rec['id']} ({rec['shard']} @ {rec['offset']})"
-        if rec["id"] in lost:
-            continue
-        try:  # what the reader's decode refuses, without joining the planes into words
-            header = check(r.read_frame(rec), rec["crc32"], recycler)
-            shapes = {t["name"]: tuple(t["shape"]) for t in header["tensors"]}
-            check_record(rec, header["meta"], shapes["input_ids"][0], r.slots)
-        except (CorruptRecord, OSError) as e:
-            problems.append(f"{where}: {e}")
-            continue
-        h = hidden_shape(header)
-        if h != (rec["tokens"], slots, hidden):
-            problems.append(f"{where}: hidden shape {h}, expected {(rec['tokens'], slots, hidden)}")
-        elif shapes["input_ids"][0] != rec["tokens"] or shapes["loss_mask"][0] != rec["tokens"]:
-            problems.append(f"{where}: ids/mask length differ from {rec['tokens']} tokens")
+        why, tokens = (None, None) if rec["id"] in lost else check_one(r, rec, recycler)
+        if why is not None:
+            problems.append(f"sample {rec['id']} ({rec['shard']} @ {rec['offset']}): {why}")
+        counts.add(rec["key"], *(tokens or NO_TOKENS))  # one line each: a damaged record's counts are never used
     for shard in {rec["shard"] for rec in recs}:  # its pages, read through, need not stay in this process
         r.let_go(shard)
-    return Checked(problems, len(recs), nbytes)
+    return Checked(problems, len(recs), nbytes, counts.sparse())
+
+
+NO_TOKENS = ((), ())
+
+
+def check_one(r: ShardReader, rec: dict, recycler: Recycler) -> tuple[str | None, tuple | None]:
+    """(why the record is not what its line and the manifest say, or None; its ids and loss mask)."""
+    try:  # what the reader's decode refuses, without joining the planes into words
+        header, tokens = check_tokens(r.read_frame(rec), rec["crc32"], recycler)
+        shapes = {t["name"]: tuple(t["shape"]) for t in header["tensors"]}
+        check_record(rec, header["meta"], shapes["input_ids"][0], r.slots)
+    except (CorruptRecord, OSError) as e:
+        return str(e), None
+    h, want = hidden_shape(header), (rec["tokens"], len(r.slots), r.manifest["model"]["hidden_size"])
+    if h != want:
+        return f"hidden shape {h}, expected {want}", None
+    if shapes["input_ids"][0] != rec["tokens"] or shapes["loss_mask"][0] != rec["tokens"]:
+        return f"ids/mask length differ from {rec['tokens']} tokens", None
+    return None, tokens
 
 
 class Progress:
