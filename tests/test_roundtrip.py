@@ -547,6 +547,9 @@ def test_verify_refuses_every_record_the_reader_refuses():
         with pytest.raises(CorruptRecord) as checked:
             codec.check(rec, crc, codec.Recycler())
         assert str(checked.value) == str(read.value), what
+        with pytest.raises(CorruptRecord) as counted:  # what verify calls: check, then the tokens
+            codec.check_tokens(rec, crc, codec.Recycler())
+        assert str(counted.value) == str(read.value), what
 
 
 @pytest.mark.parametrize("join", ["compiled", "numpy"])

@@ -360,7 +360,7 @@ def record_tokens(source) -> tuple[np.ndarray, np.ndarray]:
         tensors = _token_tensors(header)
         body = np.empty(tensors[1]["offset"] + tensors[1]["nbytes"], np.uint8)
         _read_into(r, memoryview(body))
-        return _tokens(header, body, 0)
+        return _tokens(tensors, body, 0)
     except (zstd.ZstdError, ValueError, EOFError, KeyError, TypeError) as e:
         if isinstance(e, CorruptRecord):
             raise
@@ -485,9 +485,9 @@ def _token_tensors(header: dict) -> list[dict]:
     return tensors
 
 
-def _tokens(header: dict, body: np.ndarray, off: int) -> tuple[np.ndarray, np.ndarray]:
+def _tokens(tensors: list[dict], body: np.ndarray, off: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, loss mask), copied out of frame A's content whose tensors start at `off`."""
-    return tuple(_tensor(body, off + t["offset"], t, None)[0] for t in _token_tensors(header))
+    return tuple(_tensor(body, off + t["offset"], t, None)[0] for t in tensors)
 
 
 def check(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> dict:
@@ -503,7 +503,7 @@ def check_tokens(frame, expected_crc: int | None = None, recycler: Recycler | No
     check decoded (verify counts every record's tokens without decoding it twice)."""
     header, body, off = _checked(frame, expected_crc, recycler)
     with _as_corrupt():
-        return header, _tokens(header, body, off)
+        return header, _tokens(_token_tensors(header), body, off)
 
 
 def _checked(frame, expected_crc: int | None, recycler: Recycler | None) -> tuple[dict, np.ndarray, int]:

@@ -190,10 +190,10 @@ def same(a: Counts, b: Counts) -> bool:
     return True
 
 
-def problem(root: Path, records: list, counted: Counts | None = None) -> str | None:
-    """Why token_counts.npz does not hold these samples' counts, counted again from their records
-    (`counted`, where the caller has read them already: verify); None where it does, or where there is
-    no file (the next open writes it)."""
+def problem(root: Path, records: list, counted: Counts) -> str | None:
+    """Why token_counts.npz does not hold these samples' counts, `counted` again from their records
+    (verify's workers count them as they check each record); None where it does, or where there is no
+    file (the next open writes it)."""
     path = Path(root) / FILE
     if path.is_dir():
         return f"{path} is a folder, not the set's token counts: move it away, then repair the set"
@@ -207,7 +207,7 @@ def problem(root: Path, records: list, counted: Counts | None = None) -> str | N
     wrong = f"{FILE} does not hold the counts of the samples the index lists: {fix}"
     if saved.lines != len(records) or not covers(saved, records):
         return wrong
-    return None if same(saved, counted if counted is not None else catch_up(Counts(), root, records)) else wrong
+    return None if same(saved, counted) else wrong
 
 
 def load(root: Path, records: list, cache: dict | None = None) -> Counts:
