@@ -745,9 +745,21 @@ MUTATIONS = {
     ),
     "index_line_shapes_unchecked": (
         "recipe/shards/store.py",
-        "            why = repair_mod.line_problem(r)\n",
-        "            why = None\n",
+        "        bad = repair_mod.problems(records)\n",
+        "        bad = {}\n",
         ["tests/test_ownership.py::test_a_malformed_index_line_is_one_line_everywhere_and_a_resume_mends_it"],
+    ),
+    "bulk_line_judge_trusts_the_places": (
+        "recipe/shards/repair.py",
+        """    return (min(map(itemgetter("offset"), lines)) >= 0 and min(map(itemgetter("length"), lines)) >= 1""",
+        """    return (min(map(itemgetter("length"), lines)) >= 1""",
+        ["tests/test_ownership.py::test_a_long_index_judged_at_once_refuses_exactly_the_lines_judged_one_by_one"],
+    ),
+    "bulk_line_judge_takes_a_bool_for_an_int": (
+        "recipe/shards/repair.py",
+        "            if set(map(type, map(itemgetter(k), lines))) != {t}:",
+        "            if not set(map(type, map(itemgetter(k), lines))) <= {t, bool}:",
+        ["tests/test_ownership.py::test_a_long_index_judged_at_once_refuses_exactly_the_lines_judged_one_by_one"],
     ),
     "edited_key_not_settled": (
         "recipe/main.py",
@@ -1715,6 +1727,7 @@ FAST = (
     "lost_identity_checks_the_old_keys_only",
     "reader_trusts_an_edited_manifest_capture",
     "index_line_shapes_unchecked",
+    "bulk_line_judge_trusts_the_places",
     "edited_key_not_settled",
     "merge_accepts_a_damaged_input",
     "tool_calls_dropped_by_the_template",

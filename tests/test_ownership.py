@@ -16,7 +16,9 @@ from conftest import small_run_cfg as cfg
 from recipe.errors import CorruptFile, UserError
 from recipe.main import run
 from recipe.shards import ShardReader
+from recipe.shards import repair
 from recipe.shards.__main__ import main as shards_cli
+from recipe.shards.store import Unreadable
 from recipe.shards.verify import verify
 
 N = 12
@@ -283,6 +285,33 @@ def test_a_malformed_index_line_is_one_line_everywhere_and_a_resume_mends_it(fin
     assert code == 2 and len(text_out.strip().splitlines()) == 1
     assert resume(tmp_path)["ok_this_run"] == 0  # the record itself is indexed again
     assert verify(out) == [] and samples(out) == before
+
+
+
+LINE = {"id": "0" * 24, "key": "k", "shard": "shard-00000.bin", "offset": 0, "length": 9, "tokens": 4,
+        "raw_bytes": 64, "crc32": 7, "loss_tokens": 3}  # fmt: skip
+MALFORMED = {
+    "a field missing": lambda r: {k: v for k, v in r.items() if k != "crc32"},
+    "a bool for an int": lambda r: {**r, "tokens": True},
+    "a float for an int": lambda r: {**r, "length": 9.0},
+    "an int for a string": lambda r: {**r, "id": 5},
+    "null": lambda r: {**r, "key": None},
+    "a negative offset": lambda r: {**r, "offset": -1},
+    "an empty record": lambda r: {**r, "length": 0},
+    "a shard in another folder": lambda r: {**r, "shard": "../shard-00000.bin"},
+    "a shard that is not one": lambda r: {**r, "shard": "index.jsonl"},
+    "an array": lambda r: list(r),
+    "not JSON": lambda r: Unreadable("{not json"),
+}
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_a_long_index_judged_at_once_refuses_exactly_the_lines_judged_one_by_one(bad):
+    lines = [{**LINE, "id": f"{i:024x}", "offset": 9 * i} for i in range(2000)]
+    assert repair.problems(lines) == {}
+    lines[1234] = MALFORMED[bad](lines[1234])
+    why = repair.line_problem(lines[1234])
+    assert why is not None and repair.problems(lines) == {1234: why}
 
 
 @pytest.mark.parametrize("edit", ["key", "id of another sample", "tokens"])

@@ -179,10 +179,10 @@ def read_index(root: Path, repair: bool = False, lenient: bool = False) -> list:
     if records is None:
         records = lines_one_by_one(raw[:cut], path, root, lenient)
     if not lenient:
-        for n, r in enumerate(records, 1):
-            why = repair_mod.line_problem(r)
-            if why is not None:
-                raise CorruptFile(f"{path}: line {n} is {why}; the index is damaged ({repair_hint(root)})")
+        bad = repair_mod.problems(records)
+        if bad:
+            n, why = min(bad.items())
+            raise CorruptFile(f"{path}: line {n + 1} is {why}; the index is damaged ({repair_hint(root)})")
     if repair and cut != len(raw):
         fd = open_owned(path, os.O_RDWR)
         try:
