@@ -15,8 +15,7 @@ from conftest import small_run_cfg as cfg
 
 from recipe.errors import CorruptFile, UserError
 from recipe.main import run
-from recipe.shards import ShardReader
-from recipe.shards import repair
+from recipe.shards import ShardReader, repair
 from recipe.shards.__main__ import main as shards_cli
 from recipe.shards.store import Unreadable
 from recipe.shards.verify import verify
