@@ -286,7 +286,6 @@ def test_a_malformed_index_line_is_one_line_everywhere_and_a_resume_mends_it(fin
     assert verify(out) == [] and samples(out) == before
 
 
-
 LINE = {"id": "0" * 24, "key": "k", "shard": "shard-00000.bin", "offset": 0, "length": 9, "tokens": 4,
         "raw_bytes": 64, "crc32": 7, "loss_tokens": 3}  # fmt: skip
 MALFORMED = {
