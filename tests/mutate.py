@@ -1457,9 +1457,15 @@ MUTATIONS = {
     ),
     "token_counts_rank_new_ids_in_position_order": (
         "recipe/shards/tokencounts.py",
-        "                new = np.unique(fresh)  # ascending within a sample",
-        "                new = fresh[np.sort(np.unique(fresh, return_index=True)[1])]",
+        "            new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one",
+        "            new = loss[fresh][np.argsort(owner, kind='stable')]",
         ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
+    ),
+    "token_counts_of_many_samples_rank_new_ids_by_id_alone": (
+        "recipe/shards/tokencounts.py",
+        "            new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one",
+        "            new = np.sort(loss[fresh])",
+        ["tests/test_token_counts.py::test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one"],
     ),
     "repair_keeps_edited_token_counts": (
         "recipe/shards/mend.py",

@@ -145,3 +145,22 @@ def test_counts_read_a_records_tokens_without_its_hidden_states(tmp_path):
             ids, mask = record_tokens(f)
         x = r.get(rec["id"])
         assert np.array_equal(ids, x["input_ids"].numpy()) and np.array_equal(mask, x["loss_mask"].numpy())
+
+
+def test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one():
+    """verify counts a range of samples in one call: the counts and the first-seen order are a Counter's
+    filled sample by sample (ascending ids within one), empty and unmasked samples included."""
+    rng = np.random.default_rng(0)
+    samples = [(rng.integers(0, 60, n), rng.integers(0, 2, n)) for n in rng.integers(0, 30, 40)]
+    samples[3] = ((), ())
+    loss, every = collections.Counter(), collections.Counter()
+    for ids, mask in samples:
+        ids, mask = np.asarray(ids, np.int64), np.asarray(mask)
+        loss.update(dict(zip(*(a.tolist() for a in np.unique(ids[mask == 1], return_counts=True)))))
+        every.update(ids.tolist())
+    c = tokencounts.Counts()
+    c.add_many(samples[:25])
+    c.add_many(samples[25:])
+    ids, freq = c.counter()
+    assert list(zip(ids.tolist(), freq.tolist())) == list(loss.items())
+    assert {int(i): int(c.all[i]) for i in np.flatnonzero(c.all)} == dict(every) and c.lines == len(samples)

@@ -56,18 +56,29 @@ class Counts:
 
     def add(self, key: str, ids, mask) -> None:
         """One more sample, the next in index order."""
-        ids, mask = np.asarray(ids, np.int64), np.asarray(mask)
-        if ids.size:
-            self._grow(int(ids.max()))
-            np.add.at(self.all, ids, 1)  # not np.unique: 3x faster on a short chat, as fast on a long one
-            loss = ids[mask == 1]
-            np.add.at(self.loss, loss, 1)
-            fresh = loss[self.first[loss] < 0]
-            if fresh.size:  # after the first samples, mostly none
-                new = np.unique(fresh)  # ascending within a sample
-                self.first[new] = self.ranked + np.arange(new.size)
-                self.ranked += new.size
-        self.lines += 1
+        self.add_many([(ids, mask)])
+
+    def add_many(self, samples: list[tuple]) -> None:
+        """More samples, the next in index order, each (ids, loss mask), counted in a few numpy calls for
+        them all: verify counts a range of samples at once, since per sample those calls cost more than
+        the decode of a short chat."""
+        self.lines += len(samples)
+        ids = [np.asarray(i, np.int64) for i, _ in samples]
+        if not sum(i.size for i in ids):
+            return
+        every, masked = np.concatenate(ids), np.concatenate([np.asarray(m) == 1 for _, m in samples])
+        self._grow(int(every.max()))
+        np.add.at(self.all, every, 1)  # not np.unique: 3x faster on a short chat, as fast on a long one
+        loss = every[masked]
+        np.add.at(self.loss, loss, 1)
+        fresh = self.first[loss] < 0
+        if fresh.any():  # after the first samples, mostly none
+            owner = np.repeat(np.arange(len(ids)), [i.size for i in ids])[masked][fresh]
+            new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one
+            new, at = np.unique(new, return_index=True)
+            new = new[np.argsort(at)]  # each id where its first sample puts it
+            self.first[new] = self.ranked + np.arange(new.size)
+            self.ranked += new.size
 
     def extend(self, other: Counts) -> None:
         """`other`'s samples appended after these: sums, and `other`'s ids not seen before ranked after

@@ -124,14 +124,16 @@ def _open_worker_reader(root: str) -> None:
 
 def check_range(recs: list[dict], lost: frozenset, r: ShardReader | None = None) -> Checked:
     r = _WORKER_READER if r is None else r
-    problems, nbytes, counts = [], 0, tokencounts.Counts()
+    problems, nbytes, tokens = [], 0, []
     recycler = Recycler()  # one sample's memory, reused for every sample
     for rec in recs:
         nbytes += rec.get("raw_bytes", 0)
-        why, tokens = (None, None) if rec["id"] in lost else check_one(r, rec, recycler)
+        why, got = (None, None) if rec["id"] in lost else check_one(r, rec, recycler)
         if why is not None:
             problems.append(f"sample {rec['id']} ({rec['shard']} @ {rec['offset']}): {why}")
-        counts.add(rec["key"], *(tokens or NO_TOKENS))  # one line each: a damaged record's counts are never used
+        tokens.append(got or NO_TOKENS)  # one line each: a damaged record's counts are never used
+    counts = tokencounts.Counts()
+    counts.add_many(tokens)
     for shard in {rec["shard"] for rec in recs}:  # its pages, read through, need not stay in this process
         r.let_go(shard)
     return Checked(problems, len(recs), nbytes, counts.sparse())
