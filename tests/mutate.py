@@ -1329,8 +1329,8 @@ MUTATIONS = {
     ),
     "verify_check_skips_frame_b": (  # verify passes a record whose low plane the reader refuses
         "recipe/shards/codec.py",
-        '            _low_plane(frame, header, math.prod(tail["shape"]))',
-        "            pass",
+        '        _low_plane(frame, header, math.prod(tail["shape"]))',
+        "        pass",
         ["tests/test_roundtrip.py::test_verify_refuses_every_record_the_reader_refuses"],
     ),
     "tensor_sizes_unchecked": (  # verify passes a record whose shape the reader cannot build
@@ -1481,8 +1481,8 @@ MUTATIONS = {
     ),
     "a_cut_shard_hides_its_other_damage": (
         "recipe/shards/verify.py",
-        'why, tokens = (None, None) if rec["id"] in lost else',
-        'why, tokens = (None, None) if any(x["id"] in lost for x in r.records if x["shard"] == rec["shard"]) else',
+        'why, got = (None, None) if rec["id"] in lost else',
+        'why, got = (None, None) if any(x["id"] in lost for x in r.records if x["shard"] == rec["shard"]) else',
         ["tests/test_edges.py::test_a_shard_cut_short_does_not_hide_other_damage_in_it"],
     ),
     "repair_silent_on_a_damaged_unindexed_record": (

@@ -29,6 +29,7 @@ import numpy as np
 import zstandard as zstd
 
 from ..errors import UserError
+from . import fp8
 
 try:  # the same CRC-32 as zlib's, SIMD: 7.3 GB/s against 1.9 on one core (it checksums every stored byte)
     from zlib_ng.zlib_ng import crc32
@@ -163,8 +164,6 @@ class Codec:
 
 def fp8_tensors(tensors: dict) -> dict:
     """`hidden` (bf16 [T, S, H]) as the fp8 codec stores it: grouped split codes and scales [T, S]."""
-    from . import fp8
-
     out = dict(tensors)
     dtype, arr = out.pop("hidden")
     words = np.ascontiguousarray(arr).view(np.uint16)
@@ -460,8 +459,6 @@ def decode(frame, expected_crc: int | None = None, recycler: Recycler | None = N
 def _dequantized(out: dict, take) -> None:
     """An fp8 record's codes and scales -> `hidden`, bf16 words as a lossless record has them: every
     reader gets bf16 without being told."""
-    from . import fp8
-
     if fp8.CODE not in out:
         return
     codes, scales = out.pop(fp8.CODE), out.pop(fp8.SCALE, None)
@@ -472,8 +469,6 @@ def _dequantized(out: dict, take) -> None:
 
 def hidden_shape(header: dict) -> tuple | None:
     """The shape of a record's `hidden` ([T, S, H]), lossless or fp8."""
-    from . import fp8
-
     shapes = {t["name"]: tuple(t["shape"]) for t in header.get("tensors") or ()}
     return shapes.get("hidden") or shapes.get(fp8.CODE)
 
@@ -495,30 +490,28 @@ def check(frame, expected_crc: int | None = None, recycler: Recycler | None = No
     frame A decoded whole (zstd's own checksum, the size its header states) and frame B's blocks and
     size. verify's check: the planes are not joined into words, which only a reader needs
     (docs/benchmarks.md, verify against the reader's decode)."""
-    return _checked(frame, expected_crc, recycler)[0]
+    with _as_corrupt():
+        return _checked(frame, expected_crc, recycler)[0]
 
 
 def check_tokens(frame, expected_crc: int | None = None, recycler: Recycler | None = None) -> tuple[dict, tuple]:
     """check() -> (the header, (ids, loss mask)): what record_tokens reads, from the frame A that
     check decoded (verify counts every record's tokens without decoding it twice)."""
-    header, body, off = _checked(frame, expected_crc, recycler)
-    with _as_corrupt():
+    with _as_corrupt():  # one guard for both: on a short sample it costs as much as a check
+        header, body, off = _checked(frame, expected_crc, recycler)
         return header, _tokens(_token_tensors(header), body, off)
 
 
 def _checked(frame, expected_crc: int | None, recycler: Recycler | None) -> tuple[dict, np.ndarray, int]:
-    with _as_corrupt():
-        header, body, off = _frame_a(frame, expected_crc, recycler.take if recycler is not None else np.empty)
-        tail = _tail_tensor(header)
-        if tail is not None:
-            _low_plane(frame, header, math.prod(tail["shape"]))
+    header, body, off = _frame_a(frame, expected_crc, recycler.take if recycler is not None else np.empty)
+    tail = _tail_tensor(header)
+    if tail is not None:
+        _low_plane(frame, header, math.prod(tail["shape"]))
     _check_fp8_shapes(header)
     return header, body, off
 
 
 def _check_fp8_shapes(header: dict) -> None:
-    from . import fp8
-
     shapes = {t["name"]: list(t["shape"]) for t in header["tensors"]}
     if fp8.CODE in shapes and (len(shapes[fp8.CODE]) != 3 or shapes.get(fp8.SCALE) != shapes[fp8.CODE][:2]):
         raise CorruptRecord(f"fp8 codes {shapes[fp8.CODE]} without their scales [T, S]")
