@@ -1461,6 +1461,12 @@ MUTATIONS = {
         "            new = loss[fresh][np.argsort(owner, kind='stable')]",
         ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
     ),
+    "token_counts_join_a_short_mask_beside_a_long_one": (
+        "recipe/shards/tokencounts.py",
+        "        if sizes != [m.size for m in masks]:",
+        "        if sum(sizes) != sum(m.size for m in masks):",
+        ["tests/test_token_counts.py::test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one"],
+    ),
     "token_counts_of_many_samples_rank_new_ids_by_id_alone": (
         "recipe/shards/tokencounts.py",
         "            new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one",

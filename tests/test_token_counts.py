@@ -164,3 +164,6 @@ def test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one():
     ids, freq = c.counter()
     assert list(zip(ids.tolist(), freq.tolist())) == list(loss.items())
     assert {int(i): int(c.all[i]) for i in np.flatnonzero(c.all)} == dict(every) and c.lines == len(samples)
+    with pytest.raises(ValueError, match="differ in length"):  # a short mask beside a long one: no shifted counts
+        c.add_many([(np.arange(3), np.ones(2)), (np.arange(2), np.ones(3))])
+    assert c.lines == len(samples)

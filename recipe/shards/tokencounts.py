@@ -62,18 +62,21 @@ class Counts:
         """More samples, the next in index order, each (ids, loss mask), counted in a few numpy calls for
         them all: verify counts a range of samples at once, since per sample those calls cost more than
         the decode of a short chat."""
+        ids, masks = [np.asarray(i, np.int64) for i, _ in samples], [np.asarray(m) == 1 for _, m in samples]
+        sizes = [i.size for i in ids]
+        if sizes != [m.size for m in masks]:  # joined, a short mask would shift every later sample's
+            raise ValueError("a sample's ids and loss mask differ in length")
         self.lines += len(samples)
-        ids = [np.asarray(i, np.int64) for i, _ in samples]
-        if not sum(i.size for i in ids):
+        if not sum(sizes):
             return
-        every, masked = np.concatenate(ids), np.concatenate([np.asarray(m) == 1 for _, m in samples])
+        every, masked = np.concatenate(ids), np.concatenate(masks)
         self._grow(int(every.max()))
         np.add.at(self.all, every, 1)  # not np.unique: 3x faster on a short chat, as fast on a long one
         loss = every[masked]
         np.add.at(self.loss, loss, 1)
         fresh = self.first[loss] < 0
         if fresh.any():  # after the first samples, mostly none
-            owner = np.repeat(np.arange(len(ids)), [i.size for i in ids])[masked][fresh]
+            owner = np.repeat(np.arange(len(ids)), sizes)[masked][fresh]
             new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one
             new, at = np.unique(new, return_index=True)
             new = new[np.argsort(at)]  # each id where its first sample puts it
