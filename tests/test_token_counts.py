@@ -152,7 +152,7 @@ def test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one():
     filled sample by sample (ascending ids within one), empty and unmasked samples included."""
     rng = np.random.default_rng(0)
     samples = [(rng.integers(0, 60, n), rng.integers(0, 2, n)) for n in rng.integers(0, 30, 40)]
-    samples[3] = ((), ())
+    samples[3] = samples[25] = ((), ())  # one inside a call, one opening it
     loss, every = collections.Counter(), collections.Counter()
     for ids, mask in samples:
         ids, mask = np.asarray(ids, np.int64), np.asarray(mask)

@@ -62,26 +62,33 @@ class Counts:
         """More samples, the next in index order, each (ids, loss mask), counted in a few numpy calls for
         them all: verify counts a range of samples at once, since per sample those calls cost more than
         the decode of a short chat."""
-        ids, masks = [np.asarray(i, np.int64) for i, _ in samples], [np.asarray(m) == 1 for _, m in samples]
+        ids, masks = [np.asarray(i) for i, _ in samples], [np.asarray(m) for _, m in samples]
         sizes = [i.size for i in ids]
         if sizes != [m.size for m in masks]:  # joined, a short mask would shift every later sample's
             raise ValueError("a sample's ids and loss mask differ in length")
         self.lines += len(samples)
         if not sum(sizes):
             return
-        every, masked = np.concatenate(ids), np.concatenate(masks)
+        every = np.concatenate([i for i in ids if i.size]).astype(np.int64, copy=False)
+        masked = np.flatnonzero(np.concatenate([m for m in masks if m.size]) == 1)  # places of loss tokens
         self._grow(int(every.max()))
         np.add.at(self.all, every, 1)  # not np.unique: 3x faster on a short chat, as fast on a long one
         loss = every[masked]
         np.add.at(self.loss, loss, 1)
-        fresh = self.first[loss] < 0
-        if fresh.any():  # after the first samples, mostly none
-            owner = np.repeat(np.arange(len(ids)), sizes)[masked][fresh]
-            new = loss[fresh][np.lexsort((loss[fresh], owner))]  # by sample, ascending within one
-            new, at = np.unique(new, return_index=True)
-            new = new[np.argsort(at)]  # each id where its first sample puts it
-            self.first[new] = self.ranked + np.arange(new.size)
-            self.ranked += new.size
+        fresh = np.flatnonzero(self.first[loss] < 0)
+        if fresh.size:  # in a call's first samples, and seldom after
+            self._rank(loss, fresh, np.searchsorted(masked, np.cumsum(sizes)), len(samples))
+
+    def _rank(self, loss: np.ndarray, fresh: np.ndarray, ends: np.ndarray, samples: int) -> None:
+        """Rank the ids first seen at places `fresh` of `loss` (the loss-masked ids of `samples` samples,
+        the k-th ending before place ends[k]) by the sample that first holds each, ascending within one."""
+        at = np.full(self.first.size, loss.size)  # per id, its first place
+        np.minimum.at(at, loss[fresh], fresh)
+        new = np.flatnonzero(at < loss.size)
+        owner = np.searchsorted(ends, at[new], side="right").astype(np.min_scalar_type(samples))
+        new = new[np.argsort(owner, kind="stable")]  # a radix sort, for owners of 16 bits or fewer
+        self.first[new] = self.ranked + np.arange(new.size)
+        self.ranked += new.size
 
     def extend(self, other: Counts) -> None:
         """`other`'s samples appended after these: sums, and `other`'s ids not seen before ranked after
