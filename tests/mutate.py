@@ -1457,8 +1457,8 @@ MUTATIONS = {
     ),
     "token_counts_rank_new_ids_in_position_order": (
         "recipe/shards/tokencounts.py",
-        '        new = new[np.argsort(owner, kind="stable")]  # a radix sort, for owners of 16 bits or fewer',
-        '        new = new[np.argsort(at[new], kind="stable")]',
+        '        new = new[np.lexsort((new, np.searchsorted(ends, firsts, side="right")))]',
+        "        pass",
         ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
     ),
     "token_counts_join_a_short_mask_beside_a_long_one": (
@@ -1469,8 +1469,8 @@ MUTATIONS = {
     ),
     "token_counts_of_many_samples_rank_new_ids_by_id_alone": (
         "recipe/shards/tokencounts.py",
-        '        new = new[np.argsort(owner, kind="stable")]  # a radix sort, for owners of 16 bits or fewer',
-        "        pass",
+        '        new = new[np.lexsort((new, np.searchsorted(ends, firsts, side="right")))]',
+        "        new = np.sort(new)",
         ["tests/test_token_counts.py::test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one"],
     ),
     "repair_keeps_edited_token_counts": (

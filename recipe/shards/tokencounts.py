@@ -27,6 +27,7 @@ from .codec import CorruptRecord, record_tokens
 log = logging.getLogger(__name__)
 
 FILE = "token_counts.npz"
+UNSET = np.iinfo(np.int64).max
 VERSION = 1
 
 
@@ -44,11 +45,12 @@ class Counts:
     lines: int = 0  # index lines (samples) counted, from the first
     digest: bytes = b""  # digest_of those lines, as last saved or read
     saved: int = -1  # the lines token_counts.npz on disk holds of these counts (-1: it holds none of them)
+    place: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # for _rank
 
     def _grow(self, top: int) -> None:
         if top >= self.loss.size:
             n = max(top + 1, 2 * self.loss.size)
-            for name, fill in (("loss", 0), ("all", 0), ("first", -1)):
+            for name, fill in (("loss", 0), ("all", 0), ("first", -1), ("place", UNSET)):
                 old = getattr(self, name)
                 new = np.full(n, fill, np.int64)
                 new[: old.size] = old
@@ -77,16 +79,18 @@ class Counts:
         np.add.at(self.loss, loss, 1)
         fresh = np.flatnonzero(self.first[loss] < 0)
         if fresh.size:  # in a call's first samples, and seldom after
-            self._rank(loss, fresh, np.searchsorted(masked, np.cumsum(sizes)), len(samples))
+            self._rank(loss, fresh, np.searchsorted(masked, np.cumsum(sizes)))
 
-    def _rank(self, loss: np.ndarray, fresh: np.ndarray, ends: np.ndarray, samples: int) -> None:
-        """Rank the ids first seen at places `fresh` of `loss` (the loss-masked ids of `samples` samples,
-        the k-th ending before place ends[k]) by the sample that first holds each, ascending within one."""
-        at = np.full(self.first.size, loss.size)  # per id, its first place
-        np.minimum.at(at, loss[fresh], fresh)
-        new = np.flatnonzero(at < loss.size)
-        owner = np.searchsorted(ends, at[new], side="right").astype(np.min_scalar_type(samples))
-        new = new[np.argsort(owner, kind="stable")]  # a radix sort, for owners of 16 bits or fewer
+    def _rank(self, loss: np.ndarray, fresh: np.ndarray, ends: np.ndarray) -> None:
+        """Rank the ids first seen at places `fresh` of `loss` (the loss-masked ids of samples, the k-th
+        ending before place ends[k]) by the sample that first holds each, ascending within one."""
+        ids = loss[fresh]
+        # per id, its first place, in an array kept with the counts (not one the vocabulary's size each
+        # call): each id written here is ranked below, so never fresh, never read here again
+        np.minimum.at(self.place, ids, fresh)
+        firsts = fresh[self.place[ids] == fresh]
+        new = loss[firsts]
+        new = new[np.lexsort((new, np.searchsorted(ends, firsts, side="right")))]  # by sample, ascending within one
         self.first[new] = self.ranked + np.arange(new.size)
         self.ranked += new.size
 
