@@ -273,6 +273,7 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
     make_data(warm_data, min(100, args.samples), args.min_len, args.max_len, seed=1)
     ids_file, samples = Path(args.work) / "abba-ids.json", None
     order = ABBA_C if args.self_check_cost else ABBA
+    res.pop("stopped", None)  # a rerun that goes on is judged afresh
     for name in order:
         if name in res["arms"]:
             continue
