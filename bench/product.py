@@ -50,7 +50,7 @@ import prefill  # noqa: E402  (the plain arm)
 import shapes  # noqa: E402  (the target shapes and their weights)
 
 from recipe.data import Sample  # noqa: E402
-from recipe.shards import ShardReader  # noqa: E402
+from recipe.shards import ShardReader, codec, fp8  # noqa: E402
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
@@ -251,14 +251,16 @@ ABBA_C = ("warmup", "product-A1", "plain-B1", "nocheck-C1", "nocheck-C2", "plain
 
 
 def machine() -> dict:
-    """Which machine an arm ran on: arms of one comparison must share it (a rerun may get another)."""
+    """Which machine an arm ran on, and which packer loops (C or numpy: fp8 packs ~25x slower in numpy):
+    arms of one comparison must share both (a rerun may get another machine)."""
     try:
         gpu = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
         )
     except FileNotFoundError:  # --fake on a CPU box
         gpu = SimpleNamespace(stdout="none")
-    return {"gpu": gpu.stdout.strip(), "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return {"gpu": gpu.stdout.strip(), "boot_id": boot, "loops": {"fp8": fp8.IMPL, "join": codec.JOIN}}
 
 
 def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:

@@ -156,7 +156,8 @@ def plan(cfg) -> Job:
             len(todo),
             dict(the_plan.skipped) or "none",
         )
-        preflight.check(todo, len(cap["slots"]), shape.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb)
+        preflight.check(todo, len(cap["slots"]), shape.hidden_size, out, cfg.capture.dump_dir, cfg.capture.budget_gb,
+                        cfg.shards.codec)  # fmt: skip
         on_error.pop_all()
     return Job(model_dir, shape, the_plan, todo, store, cap["slots"], regen)
 

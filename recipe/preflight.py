@@ -1,4 +1,4 @@
-"""Before any GPU work: will the output and dump filesystems hold this run?"""
+"""Before any GPU work: will the output and dump filesystems hold this run, and can the packer keep up?"""
 
 from __future__ import annotations
 
@@ -7,13 +7,21 @@ import shutil
 from pathlib import Path
 
 from .errors import UserError
+from .shards import fp8
 from .units import size
 
 log = logging.getLogger(__name__)
-# The disk check assumes a conservative ratio; the lossless ratio measured on real activations is
-# 1.448x (bench/codec.py, docs/benchmarks.md): the log shows both.
+# The disk check assumes a conservative ratio; the ratios measured on real activations are 1.448x
+# lossless (bench/codec.py) and 2.26x fp8 (bench/fp8.py, docs/benchmarks.md): the log shows both.
 EXPECTED_RATIO = 1.2
-MEASURED_RATIO = 1.448
+MEASURED_RATIO = {"lossless": 1.448, "fp8": 2.26}
+# One packer process quantizes about 25x slower in numpy than in _fp8.c (bench/packer.py --codec fp8 on
+# the CPU box: 23.5 against 610 MB/s of raw bf16): four of them store ~80 MB/s, behind any GPU.
+SLOW_FP8 = (
+    "shards.codec=fp8 quantizes in numpy here, about 25x slower than its C loops: recipe/shards/_fp8.c was "
+    "not built at install (no C compiler or Python headers). Reinstall with gcc and python3-dev, or use "
+    "shards.codec=lossless"
+)
 
 
 class PreflightError(UserError, RuntimeError):
@@ -34,20 +42,23 @@ def estimate(samples, slots: int, hidden: int, ratio: float = EXPECTED_RATIO) ->
     return raw, int(raw / ratio)
 
 
-def check(samples, slots: int, hidden: int, out_dir, dump_dir, budget_gb: float) -> dict:
+def check(samples, slots: int, hidden: int, out_dir, dump_dir, budget_gb: float, codec: str = "lossless") -> dict:
+    if codec == "fp8" and fp8.IMPL != "compiled":
+        log.warning(SLOW_FP8)
     raw, stored = estimate(samples, slots, hidden)
     out_free = shutil.disk_usage(existing_parent(out_dir)).free
     dump_free = shutil.disk_usage(existing_parent(dump_dir)).free
     longest = max((len(s.input_ids) for s in samples), default=0) * (slots * hidden * 2 + 4)
     budget = int(budget_gb * (1 << 30))
     log.info(
-        "preflight: %d samples, %d tokens: raw %s, stored about %s at the %.2fx measured on real activations "
+        "preflight: %d samples, %d tokens: raw %s, stored about %s at the %.2fx %s measured on real activations "
         "(the disk check assumes %.1fx: %s; free %s); dump budget %s (free on %s: %s)",
         len(samples),
         sum(len(s.input_ids) for s in samples),
         size(raw),
-        size(raw / MEASURED_RATIO),
-        MEASURED_RATIO,
+        size(raw / MEASURED_RATIO[codec]),
+        MEASURED_RATIO[codec],
+        codec,
         EXPECTED_RATIO,
         size(stored),
         size(out_free),

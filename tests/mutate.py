@@ -1461,6 +1461,18 @@ MUTATIONS = {
         "        pass",
         ["tests/test_token_counts.py::test_counts_are_exact_after_a_run_and_a_narrower_then_a_wider_resume"],
     ),
+    "fp8_in_numpy_passes_unannounced": (
+        "recipe/preflight.py",
+        '    if codec == "fp8" and fp8.IMPL != "compiled":',
+        '    if codec == "fp8" and fp8.IMPL == "compiled":',
+        ["tests/test_fp8.py::test_a_run_that_would_quantize_in_numpy_says_so_before_any_gpu_work"],
+    ),
+    "preflight_states_the_lossless_ratio_for_every_codec": (
+        "recipe/main.py",
+        "                        cfg.shards.codec)  # fmt: skip",
+        '                        "lossless")  # fmt: skip',
+        ["tests/test_fp8.py::test_a_run_that_would_quantize_in_numpy_says_so_before_any_gpu_work"],
+    ),
     "token_counts_join_a_short_mask_beside_a_long_one": (
         "recipe/shards/tokencounts.py",
         "        if sizes != [m.size for m in masks]:",
