@@ -251,7 +251,7 @@ ABBA_C = ("warmup", "product-A1", "plain-B1", "nocheck-C1", "nocheck-C2", "plain
 
 
 def machine() -> dict:
-    """Which machine an arm ran on, and which packer loops (C or numpy: fp8 packs ~25x slower in numpy):
+    """Which machine an arm ran on, and which packer loops (C or numpy: fp8 packs ~5x slower in numpy):
     arms of one comparison must share both (a rerun may get another machine)."""
     try:
         gpu = subprocess.run(

@@ -15,10 +15,10 @@ log = logging.getLogger(__name__)
 # lossless (bench/codec.py) and 2.26x fp8 (bench/fp8.py, docs/benchmarks.md): the log shows both.
 EXPECTED_RATIO = 1.2
 MEASURED_RATIO = {"lossless": 1.448, "fp8": 2.26}
-# One packer process quantizes about 25x slower in numpy than in _fp8.c (bench/packer.py --codec fp8 on
-# the CPU box: 23.5 against 610 MB/s of raw bf16): four of them store ~80 MB/s, behind any GPU.
+# One packer process packs fp8 about 5x slower with numpy's loops than with _fp8.c (bench/packer.py
+# --codec fp8 on the CPU box: 78 against 398-434 MB/s of raw bf16, docs/packer-fp8-numpy.jsonl).
 SLOW_FP8 = (
-    "shards.codec=fp8 quantizes in numpy here, about 25x slower than its C loops: recipe/shards/_fp8.c was "
+    "shards.codec=fp8 quantizes in numpy here, about 5x slower than its C loops: recipe/shards/_fp8.c was "
     "not built at install (no C compiler or Python headers). Reinstall with gcc and python3-dev, or use "
     "shards.codec=lossless"
 )

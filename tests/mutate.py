@@ -1035,8 +1035,14 @@ MUTATIONS = {
     ),
     "fp8_numpy_ties_away_from_even": (
         "recipe/shards/fp8.py",
-        "((up == down) & (hi % 2 == 0))",
-        "(up == down)",
+        "    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) >> 20)",
+        "    normal = ((b + 0x80000) >> 20)",
+        ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
+    ),
+    "fp8_numpy_subnormal_ties_away_from_even": (
+        "recipe/shards/fp8.py",
+        "    sub = np.rint(a * np.float32(512)).astype(np.int32)",
+        "    sub = np.floor(a * np.float32(512) + 0.5).astype(np.int32)",
         ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
     ),
     "fp8_identity_without_the_codec": (

@@ -190,7 +190,7 @@ def test_a_chunked_sample_is_stored_in_whole_groups_whatever_its_pieces(tmp_path
 
 @pytest.mark.parametrize("codec", ["fp8", "lossless"])
 def test_a_run_that_would_quantize_in_numpy_says_so_before_any_gpu_work(codec, tmp_path, monkeypatch, caplog):
-    """Without _fp8.c the packer quantizes ~25x slower and falls behind any GPU: the run's preflight
+    """Without _fp8.c the packer quantizes ~5x slower and may fall behind the GPU: the run's preflight
     names it, and states the stored size at the codec's own measured ratio."""
     from recipe import preflight
 

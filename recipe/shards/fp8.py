@@ -54,13 +54,15 @@ def bf16_round(v: np.ndarray) -> np.ndarray:
 
 
 def encode(f: np.ndarray) -> np.ndarray:
-    """float32 values within +-448 -> e4m3fn codes, rounded to nearest, ties to the even code."""
+    """float32 values within +-448 -> e4m3fn codes, rounded to nearest, ties to the even code. A normal
+    code is the float's own exponent and top mantissa bits, rounded on its bits (a carry moves the
+    exponent up, as it should); below 2^-6 the codes step by 2^-9, and rint rounds ties to even."""
     a = np.abs(f)
-    hi = np.minimum(np.searchsorted(MAGNITUDES, a), 126)
-    lo = np.maximum(hi - 1, 0)
-    down, up = a - MAGNITUDES[lo], MAGNITUDES[hi] - a
-    pick = np.where((up < down) | ((up == down) & (hi % 2 == 0)), hi, lo).astype(np.uint8)
-    return pick | np.where(np.signbit(f), 0x80, 0).astype(np.uint8)
+    b = a.view(np.uint32)
+    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) >> 20).astype(np.int32) - ((127 - 7) << 3)  # rebias 127 -> 7
+    sub = np.rint(a * np.float32(512)).astype(np.int32)
+    code = np.where(a < np.float32(2.0**-6), sub, normal).astype(np.uint8)
+    return code | (np.signbit(f).astype(np.uint8) << 7)
 
 
 def split(codes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:

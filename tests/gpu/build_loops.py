@@ -1,5 +1,5 @@
 """Build the package's C loops in place (recipe/shards/_join.c, _fp8.c), as pip builds them on install,
-for a GPU host that runs the recipe from its source tree: without them fp8 packs ~25x slower (numpy).
+for a GPU host that runs the recipe from its source tree: without them fp8 packs ~5x slower (numpy).
 The sources and flags are pyproject's; a loop that fails to build is left to numpy, and said."""
 
 import subprocess

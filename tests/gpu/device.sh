@@ -26,7 +26,7 @@ for d in a b r s p1 p2 p3; do
       && touch $site/.installed-$d && echo "installed wheel folder $d into $site"
   fi
 done
-python3 tests/gpu/build_loops.py   # the C loops pip would build (fp8 packs ~25x slower in numpy)
+python3 tests/gpu/build_loops.py   # the C loops pip would build (fp8 packs ~5x slower in numpy)
 python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" || exit 0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m recipe.patch apply --site-packages /tmp/site > "$OUT/patch.json" || { cat "$OUT/patch.json"; exit 1; }
