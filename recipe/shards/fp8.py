@@ -44,7 +44,6 @@ def _table() -> np.ndarray:
 
 
 TABLE = _table()
-MAGNITUDES = TABLE[:127]  # codes 0..126: the finite non-negative values, ascending
 
 
 def bf16_round(v: np.ndarray) -> np.ndarray:
