@@ -120,7 +120,9 @@ def plan(cfg) -> Job:
     shape = read_model_shape(cfg, model_dir)
     presets.apply(cfg, shape.num_layers)  # capture=dflash / dspark: the layers, from the depth
     decode_graphs(cfg)  # data.regenerate decodes: SGLang's decode graphs on
+    t0 = time.monotonic()
     tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
+    log.info("tokenizer loaded in %.1f s", time.monotonic() - t0)  # with transformers and torch imported: seconds
     t0 = time.monotonic()
     cap, fp = capture_spec(cfg), model_fingerprint(model_dir)
     the_plan = build_plan(cfg.data, tokenizer, cfg.log_every_s, key_of=lambda ids: sample_key(fp, cap, ids))
