@@ -17,12 +17,17 @@ def main() -> int:
     include = sysconfig.get_paths()["include"]
     for m in mods:
         target = ROOT / (m["name"].replace(".", "/") + ".abi3.so")
-        if target.exists():
+        newest = max((ROOT / src).stat().st_mtime for src in m["sources"])
+        if target.exists() and target.stat().st_mtime >= newest:  # built from these sources already
             continue
         flags = ["-shared", "-fPIC", f"-I{include}", *m.get("extra-compile-args", [])]
         cmd = ["cc", *flags, *m["sources"], "-o", str(target)]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        print(f"{m['name']}: {'built' if done.returncode == 0 else 'not built, numpy: ' + done.stderr.strip()[-300:]}")
+        try:
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            why = "" if done.returncode == 0 else done.stderr.strip()[-300:]
+        except FileNotFoundError:
+            why = "no C compiler (cc)"
+        print(f"{m['name']}: {'not built, numpy: ' + why if why else 'built'}")
     return 0
 
 
