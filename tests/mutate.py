@@ -1045,6 +1045,12 @@ MUTATIONS = {
         "    sub = np.floor(a * np.float32(512) + 0.5).astype(np.int32)",
         ["tests/test_fp8.py::test_codes_and_values_are_torchs_own_float8_e4m3fn"],
     ),
+    "fp8_numpy_casts_nan_loudly": (
+        "recipe/shards/fp8.py",
+        '    with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf block, which the plane check refuses',
+        "    if True:",
+        ["tests/test_fp8.py::test_numpy_quantizes_a_non_finite_block_quietly_and_finite_rows_as_before"],
+    ),
     "fp8_identity_without_the_codec": (
         "recipe/provenance.py",
         '**({"codec": codec_name(cfg.shards.codec)} if cfg.shards.codec != "lossless" else {}),',
@@ -1478,6 +1484,12 @@ MUTATIONS = {
         "                        cfg.shards.codec)  # fmt: skip",
         '                        "lossless")  # fmt: skip',
         ["tests/test_fp8.py::test_a_run_that_would_quantize_in_numpy_says_so_before_any_gpu_work"],
+    ),
+    "token_counts_first_places_grown_as_zero": (
+        "recipe/shards/tokencounts.py",
+        '("first", -1), ("place", UNSET)):',
+        '("first", -1), ("place", 0)):',
+        ["tests/test_token_counts.py::test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one"],
     ),
     "token_counts_join_a_short_mask_beside_a_long_one": (
         "recipe/shards/tokencounts.py",

@@ -201,3 +201,26 @@ def test_a_run_that_would_quantize_in_numpy_says_so_before_any_gpu_work(codec, t
     assert len(warned) == (codec == "fp8")
     stated = f"{preflight.MEASURED_RATIO[codec]:.2f}x {codec}"
     assert any(stated in r.getMessage() for r in caplog.records)
+
+
+def test_numpy_quantizes_a_non_finite_block_quietly_and_finite_rows_as_before(monkeypatch):
+    """A packer worker quantizes a block before the plane check refuses its sample as non_finite: numpy's
+    loops must pass NaN and Inf without a warning (one per block in the worker's log) or an error, and
+    leave the block's finite rows as they code alone."""
+    import warnings
+
+    monkeypatch.setattr(fp8, "_c_quantize", None)
+    rows = edge_rows(64)
+    words = bf16_words(rows)
+    bad = words.copy().reshape(-1, 64)
+    bad[3, 5], bad[7, 0] = 0x7FC0, 0xFF80  # NaN, -Inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fp8.quantize(*split_planes(bad.reshape(-1)), 64)
+    want = fp8.quantize(*split_planes(words), 64)
+    keep = np.ones(len(rows), bool)
+    keep[[3, 7]] = False
+    assert np.array_equal(got[2][keep], want[2][keep])  # scales of the finite rows
+    codes_got = fp8.joined(got[0], got[1], 64).reshape(-1, 64)
+    codes_want = fp8.joined(want[0], want[1], 64).reshape(-1, 64)
+    assert np.array_equal(codes_got[keep], codes_want[keep])

@@ -147,11 +147,13 @@ def test_counts_read_a_records_tokens_without_its_hidden_states(tmp_path):
         assert np.array_equal(ids, x["input_ids"].numpy()) and np.array_equal(mask, x["loss_mask"].numpy())
 
 
-def test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one():
+@pytest.mark.parametrize("top", [60, 201_088])  # and ids past 65,535, as int32 as records hold them: growth mid-call
+def test_samples_counted_at_once_rank_and_sum_as_a_counter_filled_one_by_one(top):
     """verify counts a range of samples in one call: the counts and the first-seen order are a Counter's
     filled sample by sample (ascending ids within one), empty and unmasked samples included."""
     rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 60, n), rng.integers(0, 2, n)) for n in rng.integers(0, 30, 40)]
+    pool = np.r_[np.arange(40), rng.integers(40, top, 20)].astype(np.int32)  # a few ids far up, repeated
+    samples = [(rng.choice(pool, n), rng.integers(0, 2, n)) for n in rng.integers(0, 30, 40)]
     samples[3] = samples[25] = ((), ())  # one inside a call, one opening it
     loss, every = collections.Counter(), collections.Counter()
     for ids, mask in samples:
