@@ -90,16 +90,14 @@ def quantize(hi: np.ndarray, lo: np.ndarray, width: int):
     exp, sm = np.empty(hi.size // 2, np.uint8), np.empty(hi.size // 2, np.uint8)
     scales, err, norm = np.empty(rows, np.float32), np.empty(rows, np.float64), np.empty(rows, np.float64)
     hi, lo = np.ascontiguousarray(hi).reshape(-1), np.ascontiguousarray(lo).reshape(-1)
-    if _c_quantize is not None:
-        _c_quantize(hi, lo, width, exp, sm, scales, err, norm)
-        return exp, sm, scales, err, norm
+    loops = _c_quantize if _c_quantize is not None else _numpy_quantize
     with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf block, which the plane check refuses
-        _numpy_quantize(hi, lo, width, exp, sm, scales, err, norm)
+        loops(hi, lo, width, exp, sm, scales, err, norm)
     return exp, sm, scales, err, norm
 
 
 def _numpy_quantize(hi, lo, width, exp, sm, scales, err, norm) -> None:
-    """quantize's loops where _fp8.c was not built: the same bytes, into the same arrays."""
+    """quantize's loops where _fp8.c was not built: the same bytes, into the same arrays (its signature)."""
     rows = hi.size // width
     x = ((hi.astype(np.uint32) << 24) | (lo.astype(np.uint32) << 16)).view(np.float32).reshape(rows, width)
     amax = np.abs(x).max(axis=1)
