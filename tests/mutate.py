@@ -152,6 +152,24 @@ MUTATIONS = {
         "        a.norm_spread = 3.0",
         ["tests/test_draft_bench.py::test_an_fp8_call_trains_a_target_whose_final_state_fp8_can_hold"],
     ),
+    "draft_bench_fp8_final_arm_quantizes_the_last_aux_slot": (
+        "bench/draft/fp8slots.py",
+        '"hidden": fp8_roundtrip(x["hidden"], [n_aux])}',
+        '"hidden": fp8_roundtrip(x["hidden"], [n_aux - 1])}',
+        [
+            "tests/test_draft_bench.py::"
+            "test_the_fp8_slot_arms_read_the_fp8_sets_values_in_their_slots_and_the_lossless_ones_elsewhere"
+        ],
+    ),
+    "draft_bench_fp8_sizes_measure_the_error_in_l1": (
+        "bench/draft/fp8slots.py",
+        "(q - x).square().sum((0, 2)), x.square().sum((0, 2))",
+        "(q - x).abs().sum((0, 2)), x.abs().sum((0, 2))",
+        [
+            "tests/test_draft_bench.py::"
+            "test_the_fp8_slot_arms_read_the_fp8_sets_values_in_their_slots_and_the_lossless_ones_elsewhere"
+        ],
+    ),
     "draft_bench_resumes_a_work_folder_made_with_other_options": (
         "bench/draft/scenario.py",
         "    if diff:\n        was =",

@@ -109,18 +109,20 @@ def test_the_bpe_targets_conversations_are_the_ids_the_recipe_extracts(bpe_work)
 def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
     """--draft-vocab: the set's own mapping (the recipe's vocab-map) for the real draft, its controls and
     seeds; none for full_vocab (the whole vocabulary); the prose's for other_data, the set's counts on
-    shuffled ids for shuffled; fp8 arms on the fp8 set.
-    A mapping or a set crossed over would void the comparison."""
+    shuffled ids for shuffled; fp8 arms on the fp8 set, fp8_final and fp8_aux on the lossless one (they
+    quantize their slots as they read it). A mapping or a set crossed over would void the comparison."""
     import json
 
     import torch
 
     work, tok, _ = bpe_work
-    plan = {"draft_vocab": 128, "seeds": 2, "fp8": True, "epochs": 1, "batch_size": 4, "learning_rate": 1e-3,
-            "ttt_length": 3, "export_steps": 60, "samples": 8}  # fmt: skip
+    plan = {"draft_vocab": 128, "seeds": 2, "fp8": True, "fp8_slots": True, "epochs": 1, "batch_size": 4,
+            "learning_rate": 1e-3, "ttt_length": 3, "export_steps": 60, "samples": 8}  # fmt: skip
     got = draft.arm_inputs(work, plan, [1, 7, 12])
     arms = got["arms"]
-    assert set(arms) == {*draft.ARMS, "full_vocab", "other_data", "shuffled", "real_seed1", "fp8", "fp8_seed1"}
+    slot_arms = {"fp8_final", "fp8_final_seed1", "fp8_aux", "fp8_aux_seed1"}
+    assert set(arms) == {*draft.ARMS, "full_vocab", "other_data", "shuffled", "real_seed1", "fp8", "fp8_seed1",
+                         *slot_arms}  # fmt: skip
     real_map, other_map, moved_map = (
         str(work / "vocab" / "real" / "vocab_mapping.pt"),
         str(work / "vocab" / "other" / "vocab_mapping.pt"),
@@ -136,12 +138,14 @@ def test_each_arm_gets_its_shards_draft_config_and_vocabulary_mapping(bpe_work):
         "fp8",
         "fp8_seed1",
         "real_export",
+        *slot_arms,
     ):
         assert arms[arm]["vocab_map"] == real_map, arm
     assert arms["other_data"]["vocab_map"] == other_map and arms["full_vocab"]["vocab_map"] is None
     assert arms["shuffled"]["vocab_map"] == moved_map
     assert arms["fp8_seed1"]["features"] == arms["fp8"]["features"] == work / "shards" / "fp8"
     assert arms["real_seed1"]["features"] == work / "shards" / "real"
+    assert {arms[arm]["features"] for arm in slot_arms} == {work / "shards" / "real"}
     sizes = {arm: json.loads(x["draft"].read_text())["draft_vocab_size"] for arm, x in arms.items()}
     assert sizes.pop("full_vocab") == draft.Chat(tok).vocab and set(sizes.values()) == {128}
     ours, theirs, moved = torch.load(real_map), torch.load(other_map), torch.load(moved_map)
@@ -344,3 +348,34 @@ def test_a_call_on_a_work_folder_made_with_other_options_stops_in_one_line(tmp_p
     (tmp_path / "drafts").mkdir()
     with pytest.raises(SystemExit, match=r"made with --draft-vocab 4096, not this call's: rm -rf its drafts/"):
         scenario.made_with(res, smaller)
+
+
+def test_the_fp8_slot_arms_read_the_fp8_sets_values_in_their_slots_and_the_lossless_ones_elsewhere(tmp_path):
+    """fp8_final and fp8_aux say which slot an fp8 draft's loss comes from only if each reads, in its
+    slots, exactly what an fp8 run stores, and elsewhere exactly the lossless values."""
+    import torch
+    from conftest import compose
+
+    from recipe.main import run
+    from recipe.shards.export import specforge_raw
+    from recipe.shards.reader import ShardReader
+
+    for codec in ("lossless", "fp8"):
+        run(compose([f"output_dir={tmp_path / codec}", f"capture.dump_dir={tmp_path / 'shm'}", "data.limit=3",
+                     f"shards.codec={codec}", "log_every_s=1000"]))  # fmt: skip
+    exact, packed = ShardReader(tmp_path / "lossless"), ShardReader(tmp_path / "fp8")
+    n_aux = len(exact.manifest["capture"]["layers"])
+    for sid in exact.ids:
+        want = {k: specforge_raw(r.get(sid), n_aux) for k, r in (("lossless", exact), ("fp8", packed))}
+        final, aux = draft.fp8_final(exact.get(sid), n_aux), draft.fp8_aux(exact.get(sid), n_aux)
+        assert not torch.equal(want["fp8"]["hidden_state"], want["lossless"]["hidden_state"])
+        assert torch.equal(final["hidden_state"], want["fp8"]["hidden_state"])
+        assert torch.equal(final["aux_hidden_state"], want["lossless"]["aux_hidden_state"])
+        assert torch.equal(aux["aux_hidden_state"], want["fp8"]["aux_hidden_state"])
+        assert torch.equal(aux["hidden_state"], want["lossless"]["hidden_state"])
+    # the codec's error per slot, measured on the lossless set, is the error the fp8 run recorded
+    head = torch.randn(64, exact.get(exact.ids[0])["hidden"].shape[-1])
+    sizes = draft.fp8_sizes(head, (exact.get(sid)["hidden"].clone() for sid in exact.ids))
+    recorded = packed.manifest["codec"]["rel_l2_error"]
+    assert sizes["rel_l2_per_slot"] == pytest.approx([recorded[s] for s in exact.slots], abs=2e-5)
+    assert 0.5 < sizes["teacher_argmax_equal_fraction"] <= 1.0

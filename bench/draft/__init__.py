@@ -43,8 +43,10 @@ model.vocab_mapping_path; its export writes d2t, which SGLang's EAGLE3 loads), b
 whole vocabulary), other_data (the same rule on the host's prose counts) and shuffled (on the set's
 counts moved to other ids; vocab.py). `--seeds N`
 trains the real draft at seeds 0..N-1, `--fp8` also extracts with shards.codec=fp8 and trains the same
-seeds on that set (goals: the means and standard errors). `--arms` trains only the arms named (and
-real): arms compared with each other must share a call, since each call trains its own target.
+seeds on that set (goals: the means and standard errors); `--fp8-slots` adds, at each seed, drafts from
+the lossless set with the final slot alone (fp8_final) or the aux slots alone (fp8_aux) quantized as
+the fp8 codec stores them: which slot an fp8 draft's loss comes from (fp8slots.py). `--arms` trains
+only the arms named (and real): arms compared with each other must share a call, since each call trains its own target.
 
 Controls (same training, one thing wrong):
   permuted     aux slots concatenated in another order than the draft config's
@@ -62,6 +64,7 @@ from .common import ARMS, STOP_GRACE_S, TARGET, arms, eagle3_layers, log
 from .controls import control_sizes, permuted, slot_distances, wrong_norm
 from .data import eval_prompts, make_data, system_message
 from .extract import capture_runs, extract, recipe_argv
+from .fp8slots import fp8_aux, fp8_final, fp8_roundtrip, fp8_sizes
 from .scenario import main, parse_args, report
 from .serve import Serving, serve, stop_ids
 from .servers import decode_figures, eagle3_server, server
@@ -97,6 +100,10 @@ __all__ = [
     "permuted",
     "slot_distances",
     "wrong_norm",
+    "fp8_aux",
+    "fp8_final",
+    "fp8_roundtrip",
+    "fp8_sizes",
     "eval_prompts",
     "make_data",
     "system_message",

@@ -53,19 +53,23 @@ BATCH1_PROMPTS = 4  # decode speed at batch 1: 4 held-out prompts, up to 256 tok
 
 ARMS = ("real", "real_export", "permuted", "wrong_norm", "off_by_one", "untrained")
 VOCAB_ARMS = ("full_vocab", "other_data", "shuffled")  # with a reduced draft vocabulary (--draft-vocab): its references
+FP8_SLOT_ARMS = ("fp8_final", "fp8_aux")  # with --fp8-slots: the lossless set with these slots alone in fp8
 
 
 def arms(plan: dict) -> tuple[str, ...]:
     """Every arm a scenario trains: the controls; with --draft-vocab the full-vocabulary draft and the
     mappings from other data and from the set's counts on shuffled ids; the real draft's further seeds
-    (real_seedS); with --fp8 the real draft from the fp8 set, at each seed. With --regen: the real
+    (real_seedS); with --fp8 the real draft from the fp8 set, at each seed, and with --fp8-slots from
+    the lossless set with the final slot or the aux slots alone in fp8, at each seed. With --regen: the real
     draft (from the target's own answers) and the draft from the original answers, at each seed."""
     n = range(1, plan.get("seeds", 1))
     if plan.get("regen"):  # the target's own answers (real) against the original ones, seed for seed
         every = ("real", *(f"real_seed{s}" for s in n), "original", *(f"original_seed{s}" for s in n))
     else:
         extra = VOCAB_ARMS if plan.get("draft_vocab") else ()
-        seeds = [f"real_seed{s}" for s in n] + (["fp8", *(f"fp8_seed{s}" for s in n)] if plan.get("fp8") else [])
+        fp8 = ("fp8",) if plan.get("fp8") else ()
+        fp8 += FP8_SLOT_ARMS if plan.get("fp8_slots") else ()
+        seeds = [f"real_seed{s}" for s in n] + [arm for k in fp8 for arm in (k, *(f"{k}_seed{s}" for s in n))]
         every = (*ARMS, *extra, *seeds)
     only = set(plan.get("only") or every) | {"real"}  # --arms: a call that fits its time; real is always served
     return tuple(arm for arm in every if arm in only)

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from .fp8slots import fp8_sizes
 from .target import weight_spread
 
 
@@ -41,17 +42,21 @@ def wrong_norm(x, n_aux):
     return raw
 
 
+def lm_head(work: Path):
+    from safetensors import safe_open
+
+    with safe_open(work / "target" / "model.safetensors", "pt") as f:
+        return f.get_tensor("lm_head.weight").float()
+
+
 def teacher_agreement(work: Path, hiddens) -> dict:
     """What the wrong-norm control changes in SpecForge's teacher (lm_head over the last slot): how often
     its argmax, the token greedy decoding accepts, differs from the real teacher's on stored positions;
     and how far the final norm weight is from uniform (a uniform weight changes no argmax). `hiddens`:
     [T, slots, H] arrays, the final state last."""
-    from safetensors import safe_open
-
     from recipe.shards.export import final_norm_weight, pre_norm_equivalent
 
-    with safe_open(work / "target" / "model.safetensors", "pt") as f:
-        head = f.get_tensor("lm_head.weight").float()
+    head = lm_head(work)
     w = final_norm_weight(work / "target").float()
     same = total = 0
     for h in hiddens:
@@ -86,7 +91,8 @@ def slot_distances(hiddens, layers: list[int]) -> dict:
 
 def control_sizes(work: Path, n: int = 200) -> dict:
     """How large each control's error is in the data itself, before any training: the wrong-norm
-    teacher's changed tokens, and the distances between the slots a permuted draft confuses. Two
+    teacher's changed tokens, the distances between the slots a permuted draft confuses, and the fp8
+    codec's error per slot and in the teacher. Two
     threads: it runs beside the trainers, whose data loaders need the cores more."""
     import torch
 
@@ -101,6 +107,7 @@ def control_sizes(work: Path, n: int = 200) -> dict:
     torch.set_num_threads(min(2, threads))
     try:
         return {"wrong_norm_teacher": teacher_agreement(work, hiddens()),
-                "slot_distances": slot_distances(hiddens(), reader.manifest["capture"]["layers"])}  # fmt: skip
+                "slot_distances": slot_distances(hiddens(), reader.manifest["capture"]["layers"]),
+                "fp8_by_slot": fp8_sizes(lm_head(work), hiddens())}  # fmt: skip
     finally:
         torch.set_num_threads(threads)

@@ -49,11 +49,13 @@ def vocab_goals(acc: dict) -> dict:
 
 
 def seed_figures(acc: dict) -> dict:
-    """Each set's seeds (real: the lossless shards; fp8), their mean and standard error, and whether the
-    two means lie within two standard errors of their difference."""
+    """Each set's seeds (real: the lossless shards; fp8; fp8_final and fp8_aux: the lossless shards with
+    those slots alone in fp8), their mean and standard error, and whether each set's mean and the real
+    one lie within two standard errors of their difference."""
     import statistics
 
-    sets = {k: [a for arm, a in sorted(acc.items()) if arm.split("_seed")[0] == k] for k in ("real", "fp8", "original")}
+    kinds = ("real", "fp8", "fp8_final", "fp8_aux", "original")
+    sets = {k: [a for arm, a in sorted(acc.items()) if arm.split("_seed")[0] == k] for k in kinds}
     if len(sets["real"]) < 2:
         return {}
     out = {}
@@ -61,7 +63,8 @@ def seed_figures(acc: dict) -> dict:
         if len(xs) >= 2:
             out[k] = {"seeds": xs, "mean": round(statistics.mean(xs), 4),
                       "se": round(statistics.stdev(xs) / len(xs) ** 0.5, 4)}  # fmt: skip
-    for other, name in (("fp8", "fp8_minus_lossless"), ("original", "original_minus_regenerated")):
+    pairs = [(k, f"{k}_minus_lossless") for k in ("fp8", "fp8_final", "fp8_aux")]
+    for other, name in (*pairs, ("original", "original_minus_regenerated")):
         if other in out:
             diff = out[other]["mean"] - out["real"]["mean"]
             se = (out[other]["se"] ** 2 + out["real"]["se"] ** 2) ** 0.5
@@ -146,6 +149,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft-vocab", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1, help="the real draft (and the fp8 one) at seeds 0..N-1")
     ap.add_argument("--fp8", action="store_true", help="also extract with shards.codec=fp8 and train drafts on it")
+    # Which slot an fp8 draft's loss comes from: the lossless set read with the final slot alone, or the
+    # aux slots alone, quantized and dequantized as the fp8 codec stores them (fp8slots.py)
+    ap.add_argument("--fp8-slots", action="store_true", help="with --fp8: also the fp8_final and fp8_aux arms")
     # Arms compared with each other share one call: the target is trained for --target-seconds, so another
     # call's target differs. A call that must fit its time limit trains the arms named (real always)
     ap.add_argument("--arms", default="", help="comma-separated: only these arms (default: every arm)")
@@ -154,6 +160,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # the original ones (with --seeds)
     ap.add_argument("--regen", action="store_true")
     a = ap.parse_args(argv)
+    if a.fp8_slots and not a.fp8:
+        ap.error("--fp8-slots compares with the fp8 set's drafts: add --fp8")
     if a.norm_spread is None:
         a.norm_spread = 1.0 if a.fp8 else 3.0
     return a
@@ -171,6 +179,7 @@ def main(argv=None) -> int:
     res["made_with"] = made_with(res, a)
     plan = dict(epochs=a.epochs, batch_size=a.batch_size, learning_rate=a.learning_rate, ttt_length=a.ttt_length,
                 export_steps=a.export_steps, draft_vocab=a.draft_vocab, seeds=a.seeds, fp8=a.fp8, regen=a.regen,
+                fp8_slots=a.fp8_slots,
                 only=[x for x in a.arms.split(",") if x])  # fmt: skip
     warm = None
     if a.step == "all" and "target" not in res and not a.regen:  # --regen's data step serves nothing

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .common import NICE, OWN_READER, PACKAGE, ROOT, arms, log, seed_of
 from .controls import control_sizes, permuted, wrong_norm
+from .fp8slots import fp8_aux, fp8_final
 from .vocab import OWN_MAPS, mappings
 from .waves import OutOfMemory, out_of_memory, run_arms
 
@@ -108,7 +109,8 @@ def sf_train(arm: str, config: str, *export: str) -> int:
     if kind in OWN_READER:
         code = main(["train", "-c", config])  # its own reader over .ckpt files (our export's or its own)
     else:
-        with specforge_reads_shards({"permuted": permuted, "wrong_norm": wrong_norm}.get(kind, specforge_raw)):
+        items = {"permuted": permuted, "wrong_norm": wrong_norm, "fp8_final": fp8_final, "fp8_aux": fp8_aux}
+        with specforge_reads_shards(items.get(kind, specforge_raw)):
             code = main(["train", "-c", config])
     if code == 0 and export:
         try:

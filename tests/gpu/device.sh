@@ -38,7 +38,7 @@ case "${1:-install}" in
   draft)
     timeout 585 python3 bench/draft all --work /tmp/draft --out "$OUT/draft.json" "${@:2}" 2>&1 | tee "$OUT/draft.log" | grep -v "HTTP Request" | tail -60
     (cd /tmp/draft && tar czf "$OUT/draft-logs.tgz" logs runs/*/*.log drafts/*.log drafts/*.json target/target.json \
-      data/data.json $(ls vocab/vocab.json vocab/*/vocab_map.json 2>/dev/null)) ;;
+      data/data.json $(ls vocab/vocab.json vocab/*/vocab_map.json shards/*/manifest.json 2>/dev/null)) ;;
   draft-peer)
     timeout 585 python3 bench/draft_peer.py --work /tmp/draft --out "$OUT/draft-peer.json" "${@:2}" 2>&1 | tee "$OUT/draft-peer.log" | grep -v "HTTP Request" | tail -40
     (cd /tmp/draft && tar czf "$OUT/draft-peer-logs.tgz" logs/peer-serve-*.log drafts/specforge-extract.log drafts/specforge_set*.log drafts/real_seed*.log) ;;
