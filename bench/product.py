@@ -115,10 +115,21 @@ def product_arm(args, tag: str, model_dir: Path, data: Path, extra: tuple = ()) 
         "raw_bytes": totals["raw_bytes"],
         "stored_bytes": totals["stored_bytes"],
         "tokens_per_s_ready_to_durable": round(totals["tokens"] / (t_durable - t_ready), 1),
+        "tail_steps_s": tail_steps(lines),
         "progress_lines": [ln for ln in lines if "samples/s" in ln or "the last samples stored" in ln][-4:],
         **self_check_times(lines, t_ready),
         "out": str(out),
     }
+
+
+def tail_steps(lines: list[str]) -> dict:
+    """When the last sample went through each step of the tail, in seconds from the last computed (the
+    run's "the last samples stored" line): the last dump seen, handed to a worker, packed."""
+    for ln in lines:
+        if m := re.search(r"\(the last dump seen ([-+][\d.]+) s, handed to a worker ([-+][\d.]+) s, packed "
+                          r"([-+][\d.]+) s\)", ln):  # fmt: skip
+            return dict(zip(("dump_seen", "handed_to_worker", "packed"), map(float, m.groups())))
+    return {}
 
 
 def self_check_times(lines: list[str], t_ready: float) -> dict:

@@ -170,6 +170,12 @@ MUTATIONS = {
             "test_the_fp8_slot_arms_read_the_fp8_sets_values_in_their_slots_and_the_lossless_ones_elsewhere"
         ],
     ),
+    "packer_tail_never_marks_the_hand_over_to_a_worker": (
+        "recipe/packer/scheduler.py",
+        '        self.progress.mark("dispatched")\n',
+        "",
+        ["tests/test_pipeline.py::test_bad_input_is_accounted_and_the_run_goes_on"],
+    ),
     "draft_bench_resumes_a_work_folder_made_with_other_options": (
         "bench/draft/scenario.py",
         "    if diff:\n        was =",

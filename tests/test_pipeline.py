@@ -1,6 +1,7 @@
 """The README's promise, as a user runs it: the embedded default, then verify, in fresh processes."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,11 @@ def test_bad_input_is_accounted_and_the_run_goes_on(tmp_path):
     assert c["input"] == 8 and c["ok"] == 6 and c["skipped"] == {"invalid_json": 1, "bad_field_type": 1}
     assert "skipped invalid_json: 1  e.g. d.jsonl:4" in r.stdout + r.stderr
     assert "every sample computed" in r.stdout + r.stderr and "the last samples stored" in r.stdout + r.stderr
+    tail = re.search(r"after the last was computed \(the last dump seen ([-+][\d.]+) s, handed to a worker "
+                     r"([-+][\d.]+) s, packed ([-+][\d.]+) s\)", r.stdout + r.stderr)  # fmt: skip
+    assert tail, "the tail's steps"
+    seen, handed, packed = map(float, tail.groups())
+    assert seen <= handed <= packed
 
 
 def test_sizes_and_rates_are_printed_in_units_that_fit():
@@ -89,7 +95,8 @@ def test_progress_is_quiet_until_the_capture_starts_and_then_notes_a_slow_first_
 
 def test_the_runs_tail_is_reported_from_the_last_computed_sample_to_the_last_stored(monkeypatch, caplog):
     """At the end of a long run the server has answered everything and the packer still stores: the
-    log says so, and how long that tail took, counted from the capture's start."""
+    log says so, how long that tail took, counted from the capture's start, and when the last sample
+    went through each of its steps."""
     from recipe.packer import Progress
 
     clock = [100.0]
@@ -100,12 +107,18 @@ def test_the_runs_tail_is_reported_from_the_last_computed_sample_to_the_last_sto
         clock[0] += 200
         p.start()
         clock[0] += 70
+        p.mark("dumped")
+        clock[0] += 0.25
         p.computed(3)
-        clock[0] += 0.5
+        for step in ("dispatched", "packed"):
+            clock[0] += 0.1
+            p.mark(step)
+        clock[0] += 0.3
         p.drained()
     assert caplog.messages == [
         "every sample computed 1m10s into the capture; 3 left to store",
-        "the last samples stored 0.5 s after the last was computed",
+        "the last samples stored 0.5 s after the last was computed (the last dump seen -0.25 s, handed to a "
+        "worker +0.10 s, packed +0.20 s)",
     ]
 
 

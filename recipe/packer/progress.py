@@ -12,6 +12,11 @@ from ..capture import records
 log = logging.getLogger(__name__)
 
 
+# The tail's steps, in order, each when the last sample went through it: what "stored N s after the last
+# was computed" is made of (the server's dump writes, free workers, packing; then the commit)
+TAIL = (("dumped", "the last dump seen"), ("dispatched", "handed to a worker"), ("packed", "packed"))
+
+
 class Progress:
     """Throughput while it runs, counted from the capture's start (`start()`: the server ready, the
     model loaded), not from the process's: samples/s, tokens/s, raw and stored bytes/s, ratio, ETA."""
@@ -25,12 +30,17 @@ class Progress:
         self.noted = False
         self.capturing = False  # until start(): the backend says what it waits for (model, server)
         self.computed_at: float | None = None
+        self.last_at: dict[str, float] = {}  # TAIL's step -> when the latest sample went through it
+
+    def mark(self, step: str) -> None:
+        self.last_at[step] = time.monotonic()
 
     def start(self) -> None:
         self.t0 = self.last = time.monotonic()
         self.capturing = True
 
     def add(self, tokens: int, raw: int, stored: int) -> None:
+        self.mark("packed")
         self.samples += 1
         self.tokens += tokens
         self.raw += raw
@@ -61,9 +71,13 @@ class Progress:
                      units.duration(self.computed_at - self.t0), outstanding, dump)  # fmt: skip
 
     def drained(self) -> None:
+        """The tail, and each of its steps counted from the last sample computed (negative: that step
+        was over before it)."""
         if self.capturing and self.computed_at is not None:
             tail = units.duration(time.monotonic() - self.computed_at)
-            log.info("the last samples stored %s after the last was computed", tail)
+            steps = [f"{what} {self.last_at[k] - self.computed_at:+.2f} s" for k, what in TAIL if k in self.last_at]
+            log.info("the last samples stored %s after the last was computed%s", tail,
+                     f" ({', '.join(steps)})" if steps else "")  # fmt: skip
 
     def maybe_log(self, force: bool = False) -> None:
         if not (self.capturing or force):

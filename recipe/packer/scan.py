@@ -63,6 +63,7 @@ class DumpScanner:
             return False
         h = records.read_header(self.dump_dir / name)
         p.pieces[off] = DumpPiece(self.dump_dir / name, h["n"], h["slots"], h["hidden"])
+        self.books.progress.mark("dumped")
         return True
 
     def _capture_error(self, name: str) -> bool:

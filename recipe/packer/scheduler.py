@@ -152,6 +152,7 @@ class Packer:
         tid = next(self._tids)
         self.inflight[tid] = (p, w)
         self.pool.submit(w, task_for(p, tid, self.pool.shard_for(w), self.slots))
+        self.progress.mark("dispatched")
         return True
 
     def _collect(self) -> bool:
