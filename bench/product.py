@@ -23,6 +23,8 @@ ids), 512-4096 bytes per sample.
   python bench/product.py --abba --samples 2000 --out product.json     # warm-up, then A B B A on one machine;
       # each arm recorded as it ends: the same command again (same --out) goes on where a call stopped
   python bench/product.py --abba --self-check-cost --samples 300       # ... with the self-check off in the middle
+  python bench/product.py --abba --hook-stats --samples 300            # ... with the hook's own timings per
+      # product arm (where the compute lag goes) and, always, the tail's steps (where the end goes)
   python bench/product.py --abba --regenerate 512 --samples 1000       # data.regenerate.turns=last, against
       # plain generation to the same lengths then plain prefill (bench/plain_regen.py)
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -49,6 +52,7 @@ import plain_regen  # noqa: E402  (the plain arm of --regenerate)
 import prefill  # noqa: E402  (the plain arm)
 import shapes  # noqa: E402  (the target shapes and their weights)
 
+from recipe.capture.settings import ENV_STATS  # noqa: E402
 from recipe.data import Sample  # noqa: E402
 from recipe.shards import ShardReader, codec, fp8  # noqa: E402
 from recipe.shards.tokencounts import read_tokens  # noqa: E402
@@ -88,9 +92,13 @@ def product_arm(args, tag: str, model_dir: Path, data: Path, extra: tuple = ()) 
     cmd += [f"data.sources=[{data}]", f"output_dir={out}", f"capture.dump_dir={dumps}", f"server.port={args.port}"]
     cmd += [*args.flags, *extra]
     log_path = Path(args.work) / f"recipe-{tag}.log"
+    env, stats = dict(os.environ), Path(args.work) / f"hook-stats-{tag}.json"
+    stats.unlink(missing_ok=True)
+    if args.hook_stats:  # the hook's own timings, rank 0's, kept current by its writer threads
+        env[ENV_STATS] = str(stats)
     t_start = time.time()
     with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=args.work).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=args.work, env=env).returncode
     t_exit = time.time()
     lines = log_path.read_text(errors="replace").splitlines()
     ready = [log_time(ln) for ln in lines if "server ready after" in ln and STAMP.match(ln)]
@@ -116,6 +124,7 @@ def product_arm(args, tag: str, model_dir: Path, data: Path, extra: tuple = ()) 
         "stored_bytes": totals["stored_bytes"],
         "tokens_per_s_ready_to_durable": round(totals["tokens"] / (t_durable - t_ready), 1),
         "tail_steps_s": tail_steps(lines),
+        "hook_stats": json.loads(stats.read_text()) if stats.exists() else None,
         "progress_lines": [ln for ln in lines if "samples/s" in ln or "the last samples stored" in ln][-4:],
         **self_check_times(lines, t_ready),
         "out": str(out),
@@ -364,6 +373,9 @@ def main():
     ap.add_argument("--warm-only", action="store_true", help="skip the cold arm: the product, then plain")
     ap.add_argument("--deadline-s", type=float, default=540, help="skip the warm product arm past this")
     ap.add_argument("--out")
+    # where the product's compute lag goes: the hook's time in the forward thread, the plane split's GPU
+    # time, the writers' waits (recipe.capture.hookstats.Stats); two CUDA events a pass, so off by default
+    ap.add_argument("--hook-stats", action="store_true", help="record the hook's own timings per product arm")
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     ap.add_argument("--abba", action="store_true", help="warm-up, then product, plain, plain, product (resumable)")
     ap.add_argument("--self-check-cost", action="store_true", help="--abba with the self-check off in the middle")
