@@ -331,7 +331,7 @@ def full_disk_message(err: OSError, cfg, job: Job | None) -> str:
     else:
         what = f"output disk full ({err}): free space on the filesystem of {cfg.output_dir}"
         if job is not None and job.todo:
-            need = preflight.estimate(job.todo, len(job.slots), job.shape.hidden_size)[1]
+            need = preflight.estimate(job.todo, len(job.slots), job.shape.hidden_size, cfg.shards.codec)[1]
             what += f" (this run stores about {units.size(need)})"
     return f"{what}; what is stored is kept: run the same command again to resume: {resume_command(cfg)}"
 

@@ -119,6 +119,35 @@ def test_the_manifest_records_the_codec_and_the_error_of_what_it_stored(both):
     assert m["totals"]["raw_bytes"] / m["totals"]["stored_bytes"] > 2.0
 
 
+def test_the_disk_check_counts_on_what_fp8_records_hold_and_passes_a_run_that_fits(both, tmp_path, monkeypatch):
+    """fp8 stores a byte a value whatever the values: its disk check counts on that, not on lossless's
+    ratio, which refused an fp8 run that fitted with room to spare (seen on an H100 host)."""
+    import shutil as sh
+    from types import SimpleNamespace
+
+    from recipe import preflight
+
+    t = json.loads((both / "fp8" / "manifest.json").read_text())["totals"]
+    packed = ShardReader(both / "fp8")
+    slots, hidden = packed.get(packed.ids[0])["hidden"].shape[1:]
+    samples = [SimpleNamespace(input_ids=range(t["tokens"]))] + [SimpleNamespace(input_ids=())] * (t["samples"] - 1)
+    raw, counted = preflight.estimate(samples, slots, hidden, "fp8")
+    lossless = preflight.estimate(samples, slots, hidden)[1]
+    assert raw == t["raw_bytes"] and t["stored_bytes"] <= counted < lossless
+    free = (counted + lossless) // 2  # room for the fp8 set, not for the lossless count
+    real, outputs = sh.disk_usage, tmp_path / "o"
+    outputs.mkdir()
+
+    def disk_usage(p):
+        return real(p)._replace(free=free) if str(p).startswith(str(outputs)) else real(p)
+
+    monkeypatch.setattr("recipe.preflight.shutil.disk_usage", disk_usage)
+    run(cfg(tmp_path, "shards.codec=fp8", out="o/fp8"))
+    assert len(ShardReader(outputs / "fp8")) == t["samples"]
+    with pytest.raises(preflight.PreflightError, match="needs about"):
+        run(cfg(tmp_path, out="o/lossless"))
+
+
 def stated_and_measured(exact_dir, packed_dir) -> tuple[np.ndarray, np.ndarray]:
     """The manifest's error per slot, and the error of every sample the set holds against its lossless twin."""
     m = json.loads((packed_dir / "manifest.json").read_text())

@@ -182,7 +182,7 @@ def test_preflight_estimates_kimi_scale_disk(caplog):
 
     samples = [SimpleNamespace(input_ids=np.zeros(1611, np.int32))] * 10_000
     raw, stored = preflight.estimate(samples, 4, 7168)
-    assert round(raw / 1e9) == 924 and stored == int(raw / preflight.EXPECTED_RATIO)
+    assert round(raw / 1e9) == 924 and stored == int(raw / preflight.ASSUMED_RATIO)
     with caplog.at_level(logging.INFO, logger="recipe.preflight"):
         with pytest.raises(preflight.PreflightError):  # no test machine has 770 GB free
             preflight.check(samples, 4, 7168, "/tmp", "/tmp", 1.0)
