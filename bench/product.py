@@ -23,6 +23,7 @@ ids), 512-4096 bytes per sample.
   python bench/product.py --abba --samples 2000 --out product.json     # warm-up, then A B B A on one machine;
       # each arm recorded as it ends: the same command again (same --out) goes on where a call stopped
   python bench/product.py --abba --self-check-cost --samples 300       # ... with the self-check off in the middle
+  python bench/product.py --abba --variant "shards.workers=8" --samples 300   # ... with other overrides there
   python bench/product.py --abba --hook-stats --samples 300            # ... with the hook's own timings per
       # product arm (where the compute lag goes) and, always, the tail's steps (where the end goes)
   python bench/product.py --abba --regenerate 512 --samples 1000       # data.regenerate.turns=last, against
@@ -267,9 +268,20 @@ def cold_then_warm(args, model_dir: Path, data: Path, res: dict, save, t0: float
 
 
 ABBA = ("warmup", "product-A1", "plain-B1", "plain-B2", "product-A2")
-# --self-check-cost: the product with client.self_check=0 in the middle (C), every side centred on the same
-# moment: what the self-check adds is A against C, on the same machine and ids
-ABBA_C = ("warmup", "product-A1", "plain-B1", "nocheck-C1", "nocheck-C2", "plain-B2", "product-A2")
+
+
+def abba_c(args) -> tuple[str, tuple]:
+    """The C arms, the product under other overrides in the middle (A B C C B A, every side centred on the
+    same moment: what the overrides change is A against C, on the same machine and ids): their name and
+    overrides. --self-check-cost: client.self_check=0; --variant: the overrides given."""
+    if args.self_check_cost:
+        return "nocheck", ("client.self_check=0",)
+    return ("variant", tuple(args.variant.split())) if args.variant else ("", ())
+
+
+def abba_order(args) -> tuple:
+    c = abba_c(args)[0]
+    return (*ABBA[:3], f"{c}-C1", f"{c}-C2", *ABBA[3:]) if c else ABBA
 
 
 def machine() -> dict:
@@ -296,7 +308,7 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
     warm_data = Path(args.work) / "warmup.jsonl"
     make_data(warm_data, min(100, args.samples), args.min_len, args.max_len, seed=1)
     ids_file, samples = Path(args.work) / "abba-ids.json", None
-    order = ABBA_C if args.self_check_cost else ABBA
+    order = abba_order(args)
     res.pop("stopped", None)  # a rerun that goes on is judged afresh
     for name in order:
         if name in res["arms"]:
@@ -305,7 +317,7 @@ def abba(args, model_dir: Path, data: Path, res: dict, save, t0: float) -> None:
             res["stopped"] = f"before {name}: past --deadline-s; a rerun with --out goes on"
             return
         if not name.startswith("plain"):
-            extra = ("client.self_check=0",) if name.startswith("nocheck") else ()
+            extra = abba_c(args)[1] if name.endswith(("-C1", "-C2")) else ()
             arm = product_arm(args, name, model_dir, warm_data if name == "warmup" else data, extra)
             if name == "product-A1":
                 samples = regen_rows(Path(arm["out"])) if args.regenerate else stored_samples(Path(arm["out"]))
@@ -351,6 +363,11 @@ def abba_figures(arms: dict) -> dict:
         )
         out["self-check share of ready-to-exit (A against C)"] = round((on - off) / on, 5)
         out["plain/nocheck ready-to-exit (means)"] = round(sum(b) / off, 4)
+    if "variant-C1" in arms:
+        for end in ("durable", "exit"):
+            c = [arms[k][f"ready_to_{end}_s"] for k in ("variant-C1", "variant-C2")]
+            out[f"plain/variant ready-to-{end} (means)"] = round(sum(b) / sum(c), 4)
+            out[f"variant spread ready-to-{end} (max/min)"] = round(max(c) / min(c), 4)
     return out
 
 
@@ -379,6 +396,8 @@ def main():
     ap.add_argument("--fake", action="store_true", help="CPU plumbing check against tests/fake_sglang.py")
     ap.add_argument("--abba", action="store_true", help="warm-up, then product, plain, plain, product (resumable)")
     ap.add_argument("--self-check-cost", action="store_true", help="--abba with the self-check off in the middle")
+    ap.add_argument("--variant", default="", help="--abba with the product under these overrides in the middle, "
+                    "e.g. 'shards.workers=8'")  # fmt: skip
     # data.regenerate.turns=last with max_new_tokens N, against plain generation then plain prefill
     ap.add_argument("--regenerate", type=int, default=0, metavar="N")
     args = ap.parse_args()
