@@ -356,6 +356,9 @@ def abba_figures(arms: dict) -> dict:
     out["plain spread (max/min)"] = round(max(b) / min(b), 4)
     judging = [x.get("self_check_judging_s", 0.0) for x in a]
     out["self-check judging share of ready-to-exit"] = round(sum(judging) / sum(x["ready_to_exit_s"] for x in a), 5)
+    # what the run's end waits for the verdicts: their last one past every sample computed (0: none)
+    late = [x.get("self_check_last_verdict_after_ready_s", 0.0) - (x.get("ready_to_computed_s") or 0.0) for x in a]
+    out["self-check verdict past every sample computed (max, s)"] = round(max(0.0, *late), 2)
     if "nocheck-C1" in arms:  # the self-check's cost as the run feels it: on against off
         on, off = (
             sum(arms[k]["ready_to_exit_s"] for k in ks)
