@@ -162,7 +162,11 @@ class ShardsConfig:
     max_shard_gb: float = 4.0  # each packer process rolls over to a new shard file past this
     entropy_only: bool = True  # zstd tuned for bf16 byte planes (recipe/shards/codec.py); false: zstd_level
     zstd_level: int = 1  # used when entropy_only=false; on real activations L1 beats L3 in ratio and speed
-    workers: int = 4  # packer processes (assemble, validate, encode, append); ~0.57-0.79 GB/s raw each on the GPU host
+    # packer processes (assemble, validate, encode, append). One packs 0.69-0.80 GB/s of raw bf16 lossless,
+    # 0.41-0.47 fp8, on an H100 host's Xeon: eight keep an 8-GPU node's ~2 GB/s with either codec (four
+    # pack 1.59 GB/s fp8), and a run's last samples, which the server answers together, pack side by
+    # side. Idle processes cost nothing (docs/benchmarks.md, Packer)
+    workers: int = 8
     commit_every: int = 64  # samples between fsyncs of the shards + the index
     deep_check: bool = False  # a resume also checks every stored record's crc32 (reads the whole set)
 
