@@ -179,7 +179,7 @@ MUTATIONS = {
     "preflight_counts_fp8_at_losslesss_ratio": (
         "recipe/preflight.py",
         '    if codec == "fp8":\n        return raw,',
-        '    if False:\n        return raw,',
+        "    if False:\n        return raw,",
         ["tests/test_fp8.py::test_the_disk_check_counts_on_what_fp8_records_hold_and_passes_a_run_that_fits"],
     ),
     "draft_bench_resumes_a_work_folder_made_with_other_options": (
