@@ -182,6 +182,12 @@ MUTATIONS = {
         "    if False:\n        return raw,",
         ["tests/test_fp8.py::test_the_disk_check_counts_on_what_fp8_records_hold_and_passes_a_run_that_fits"],
     ),
+    "draft_bench_later_call_forgets_the_earlier_arms": (
+        "bench/draft/scenario.py",
+        "                res[name] = kept(res.get(name), step(), name)\n",
+        "                res[name] = step()\n",
+        ["tests/test_draft_bench.py::test_a_later_call_on_other_arms_keeps_what_the_earlier_call_trained_and_served"],
+    ),
     "draft_bench_resumes_a_work_folder_made_with_other_options": (
         "bench/draft/scenario.py",
         "    if diff:\n        was =",

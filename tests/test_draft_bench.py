@@ -379,3 +379,37 @@ def test_the_fp8_slot_arms_read_the_fp8_sets_values_in_their_slots_and_the_lossl
     recorded = packed.manifest["codec"]["rel_l2_error"]
     assert sizes["rel_l2_per_slot"] == pytest.approx([recorded[s] for s in exact.slots], abs=2e-5)
     assert 0.5 < sizes["teacher_argmax_equal_fraction"] <= 1.0
+
+
+def test_a_later_call_on_other_arms_keeps_what_the_earlier_call_trained_and_served(tmp_path, monkeypatch):
+    """fp8 against lossless in one call, then the fp8_final and fp8_aux arms in another on the same
+    work folder: the report compares them all, as if one call had run them."""
+    import contextlib
+    import json
+
+    scenario = sys.modules["draft.scenario"]
+    args = ["all", "--work", str(tmp_path), "--bpe-vocab", "16384", "--draft-vocab", "4096", "--seeds", "2", "--fp8"]
+
+    def acc(*arms):
+        return {a: {"accept_length": 2.5 + i / 100} for i, a in enumerate(arms)}
+
+    earlier = {"made_with": scenario.made_with({}, scenario.parse_args(args)), "target": {}, "data": {},
+               "extract": {}, "train": {"arms": {"fp8": {}, "fp8_seed1": {}}},
+               "serve": {"acceptance": acc("real", "real_seed1", "fp8", "fp8_seed1")}}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps(earlier))
+    monkeypatch.setattr(scenario, "Serving", lambda work, plan: contextlib.nullcontext())
+    monkeypatch.setattr(scenario, "unfinished", lambda work, name, plan: name == "train")
+    monkeypatch.setattr(scenario, "train_drafts", lambda work, plan, serving: {"arms": {"fp8_final": {}}})
+    monkeypatch.setattr(
+        scenario, "serve", lambda work, serving: {"acceptance": acc("real", "fp8_final", "fp8_final_seed1")}
+    )
+    assert (
+        draft.main([*args, "--fp8-slots", "--arms", "fp8_final,fp8_final_seed1", "--out", str(tmp_path / "o.json")])
+        == 0
+    )
+    res = json.loads((tmp_path / "o.json").read_text())
+    assert set(res["serve"]["acceptance"]) == {"real", "real_seed1", "fp8", "fp8_seed1", "fp8_final", "fp8_final_seed1"}
+    assert set(res["train"]["arms"]) == {"fp8", "fp8_seed1", "fp8_final"}
+    seeds = res["goals"]["seeds"]
+    assert {"fp8_minus_lossless", "fp8_final_minus_lossless"} <= set(seeds) and "fp8_aux" not in seeds
+    assert seeds["real"]["seeds"] == [2.5, 2.51]  # this call's real, the earlier call's real_seed1

@@ -5,9 +5,13 @@ measured end to end on one GPU, with controls that show the measure sees bad dat
     python bench/draft all --bpe-vocab 16384 --draft-vocab 4096 --out draft-vocab.json   # the reduced vocabulary
     python bench/draft all --bpe-vocab 16384 --draft-vocab 4096 --seeds 3 --fp8 \
         --arms real_seed1,real_seed2,fp8,fp8_seed1,fp8_seed2 --out draft-fp8.json       # fp8 against lossless
+    python bench/draft all --bpe-vocab 16384 --draft-vocab 4096 --seeds 3 --fp8 --fp8-slots \
+        --arms fp8_final,fp8_final_seed1,fp8_final_seed2,fp8_aux,fp8_aux_seed1,fp8_aux_seed2 \
+        --out draft-fp8-slots.json      # then, on the same work folder: which slot fp8 costs
 
 Steps (each a subcommand; `all` runs them in order and skips what the work folder already holds, so a
-later call resumes where an earlier one stopped):
+later call resumes where an earlier one stopped; one that names other arms keeps what the earlier one
+trained and served, so its report compares them all):
   target   a Llama-shaped byte-level target (16 layers by default, hidden 512) trained for a few minutes on the
            host's Python sources in chat form (a short system turn, a code window as the user turn,
            what follows as the reply); held-out loss on files it never saw; then its final norm

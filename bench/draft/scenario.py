@@ -210,7 +210,7 @@ def main(argv=None) -> int:
                                             or unfinished(a.work, name, plan)):  # fmt: skip
                 t0 = time.monotonic()
                 ran_now.add(name)
-                res[name] = step()
+                res[name] = kept(res.get(name), step(), name)
                 res[name]["step_seconds"] = round(time.monotonic() - t0, 1)
                 log(f"step {name}: {res[name]['step_seconds']} s")
                 res_path.write_text(json.dumps(res, indent=1))
@@ -219,6 +219,16 @@ def main(argv=None) -> int:
         res["goals"] = goals(res, ran_now)
     report(res, a.out)
     return 0
+
+
+def kept(before: dict | None, now: dict, name: str) -> dict:
+    """A train or serve step run again for other arms (a later call on the same work folder: the same
+    target and drafts) keeps what it recorded for the arms it did not run now, so that one draft.json
+    compares arms two calls trained and served."""
+    key = {"train": "arms", "serve": "acceptance"}.get(name)
+    if before and key and isinstance(before.get(key), dict):
+        now[key] = {**before[key], **now.get(key, {})}
+    return now
 
 
 def report(res: dict, out: Path | None) -> None:
