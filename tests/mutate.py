@@ -184,8 +184,14 @@ MUTATIONS = {
     ),
     "draft_bench_later_call_forgets_the_earlier_arms": (
         "bench/draft/scenario.py",
-        "                res[name] = kept(res.get(name), step(), name)\n",
+        "                res[name] = kept(res.get(name), step(), name, a.work)\n",
         "                res[name] = step()\n",
+        ["tests/test_draft_bench.py::test_a_later_call_on_other_arms_keeps_what_the_earlier_call_trained_and_served"],
+    ),
+    "draft_bench_keeps_arms_whose_drafts_are_gone": (
+        "bench/draft/scenario.py",
+        'for arm, v in before[key].items() if (work / "drafts" / f"{arm}-curve.json").exists()}',
+        "for arm, v in before[key].items()}",
         ["tests/test_draft_bench.py::test_a_later_call_on_other_arms_keeps_what_the_earlier_call_trained_and_served"],
     ),
     "draft_bench_resumes_a_work_folder_made_with_other_options": (

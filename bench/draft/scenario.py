@@ -210,7 +210,7 @@ def main(argv=None) -> int:
                                             or unfinished(a.work, name, plan)):  # fmt: skip
                 t0 = time.monotonic()
                 ran_now.add(name)
-                res[name] = kept(res.get(name), step(), name)
+                res[name] = kept(res.get(name), step(), name, a.work)
                 res[name]["step_seconds"] = round(time.monotonic() - t0, 1)
                 log(f"step {name}: {res[name]['step_seconds']} s")
                 res_path.write_text(json.dumps(res, indent=1))
@@ -221,13 +221,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def kept(before: dict | None, now: dict, name: str) -> dict:
+def kept(before: dict | None, now: dict, name: str, work: Path) -> dict:
     """A train or serve step run again for other arms (a later call on the same work folder: the same
-    target and drafts) keeps what it recorded for the arms it did not run now, so that one draft.json
-    compares arms two calls trained and served."""
+    target) keeps what it recorded for the arms it did not run now whose drafts are still there (drafts/
+    removed for other draft options: none), so that one draft.json compares arms two calls made."""
     key = {"train": "arms", "serve": "acceptance"}.get(name)
     if before and key and isinstance(before.get(key), dict):
-        now[key] = {**before[key], **now.get(key, {})}
+        there = {arm: v for arm, v in before[key].items() if (work / "drafts" / f"{arm}-curve.json").exists()}
+        now[key] = {**there, **now.get(key, {})}
     return now
 
 
