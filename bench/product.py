@@ -55,6 +55,7 @@ import shapes  # noqa: E402  (the target shapes and their weights)
 
 from recipe.capture.settings import ENV_STATS  # noqa: E402
 from recipe.data import Sample  # noqa: E402
+from recipe.packer.progress import TAIL  # noqa: E402
 from recipe.shards import ShardReader, codec, fp8  # noqa: E402
 from recipe.shards.tokencounts import read_tokens  # noqa: E402
 
@@ -133,12 +134,12 @@ def product_arm(args, tag: str, model_dir: Path, data: Path, extra: tuple = ()) 
 
 
 def tail_steps(lines: list[str]) -> dict:
-    """When the last sample went through each step of the tail, in seconds from the last computed (the
-    run's "the last samples stored" line): the last dump seen, handed to a worker, packed."""
+    """When the last sample went through each step of the tail (recipe.packer.progress.TAIL), in seconds
+    from the last computed: the run's "the last samples stored" line."""
+    steps = ", ".join(rf"{re.escape(what)} ([-+][\d.]+) s" for _, what in TAIL)
     for ln in lines:
-        if m := re.search(r"\(the last dump seen ([-+][\d.]+) s, handed to a worker ([-+][\d.]+) s, packed "
-                          r"([-+][\d.]+) s\)", ln):  # fmt: skip
-            return dict(zip(("dump_seen", "handed_to_worker", "packed"), map(float, m.groups())))
+        if m := re.search(rf"\({steps}\)", ln):
+            return dict(zip((step for step, _ in TAIL), map(float, m.groups())))
     return {}
 
 

@@ -49,14 +49,13 @@ def lm_head(work: Path):
         return f.get_tensor("lm_head.weight").float()
 
 
-def teacher_agreement(work: Path, hiddens) -> dict:
+def teacher_agreement(work: Path, hiddens, head) -> dict:
     """What the wrong-norm control changes in SpecForge's teacher (lm_head over the last slot): how often
     its argmax, the token greedy decoding accepts, differs from the real teacher's on stored positions;
     and how far the final norm weight is from uniform (a uniform weight changes no argmax). `hiddens`:
-    [T, slots, H] arrays, the final state last."""
+    [T, slots, H] arrays, the final state last; `head`: lm_head's weight, float."""
     from recipe.shards.export import final_norm_weight, pre_norm_equivalent
 
-    head = lm_head(work)
     w = final_norm_weight(work / "target").float()
     same = total = 0
     for h in hiddens:
@@ -105,9 +104,10 @@ def control_sizes(work: Path, n: int = 200) -> dict:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(min(2, threads))
+    head = lm_head(work)
     try:
-        return {"wrong_norm_teacher": teacher_agreement(work, hiddens()),
+        return {"wrong_norm_teacher": teacher_agreement(work, hiddens(), head),
                 "slot_distances": slot_distances(hiddens(), reader.manifest["capture"]["layers"]),
-                "fp8_by_slot": fp8_sizes(lm_head(work), hiddens())}  # fmt: skip
+                "fp8_by_slot": fp8_sizes(head, hiddens())}  # fmt: skip
     finally:
         torch.set_num_threads(threads)

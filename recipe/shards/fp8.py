@@ -123,6 +123,14 @@ def dequantize(exp: np.ndarray, sm: np.ndarray, scales: np.ndarray, width: int, 
     return out
 
 
+def round_trip(words: np.ndarray, width: int) -> np.ndarray:
+    """bf16 words (uint16, rows of `width`: one scale each) as a reader of an fp8 set gets them back:
+    quantized, then dequantized."""
+    w = np.ascontiguousarray(words).reshape(-1).view(np.uint16)
+    exp, sm, scales, _, _ = quantize((w >> 8).astype(np.uint8), (w & 0xFF).astype(np.uint8), width)
+    return dequantize(exp, sm, scales, width).reshape(np.shape(words))
+
+
 def grouped(exp: np.ndarray, sm: np.ndarray, shape: tuple) -> np.ndarray:
     """Whole arrays' split codes in the record's layout: each group's exponent bytes, then its others."""
     T, S, H = shape
