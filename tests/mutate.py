@@ -599,8 +599,8 @@ MUTATIONS = {
     ),
     "packer_full_disk_raised_as_a_bug": (
         "recipe/packer/scheduler.py",
-        "        if full is not None:  # a worker's frame",
-        "        if False:  # a worker's frame",
+        "    if full is not None:  # a worker's frame",
+        "    if False:  # a worker's frame",
         ["tests/test_reliability.py::test_output_disk_full_stops_cleanly_and_resumes"],
     ),
     "export_full_disk_as_a_traceback": (

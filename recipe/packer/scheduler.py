@@ -95,20 +95,12 @@ class Packer:
         t0 = time.monotonic()
         while self.outstanding():
             if self.error:
-                self._raise_error()
+                raise_for(self.error)
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"packer still has {self.outstanding()} samples after {timeout_s}s")
             time.sleep(self.poll_s)
         if self.error:
-            self._raise_error()
-
-    def _raise_error(self):
-        if isinstance(self.error, UserError):  # the user's to fix: as it was raised, one line
-            raise self.error
-        full = disk_full(self.error)
-        if full is not None:  # a worker's frame, the index or a commit: the run ends, resume redoes the rest
-            raise full from self.error
-        raise RuntimeError("packer failed") from self.error
+            raise_for(self.error)
 
     def stop(self) -> None:
         self._stop.set()
@@ -176,6 +168,16 @@ class Packer:
                 self.books.early.settled(None)
                 self.progress.add(len(p.sample.input_ids), res.raw, res.length)
         return busy
+
+
+def raise_for(error: BaseException):
+    """The packer's error as the run reports it."""
+    if isinstance(error, UserError):  # the user's to fix: as it was raised, one line
+        raise error
+    full = disk_full(error)
+    if full is not None:  # a worker's frame, the index or a commit: the run ends, resume redoes the rest
+        raise full from error
+    raise RuntimeError("packer failed") from error
 
 
 def task_for(p: Pending, tid: int, shard: str, slots: list[str]) -> PackTask:
