@@ -152,6 +152,9 @@ class ClientConfig:
     # sglang: the run's first N samples ask for their prompt logprobs, and the stored final slot through
     # the checkpoint's own lm_head must give them, or the run is refused (recipe/selfcheck.py); 0: off
     self_check: int = 4
+    # the host cores its matmul over lm_head may take (0: every one): it judges while the server
+    # prefills, and the server's scheduler launches each kernel from a core of the same host
+    self_check_threads: int = 2
 
 
 @dataclass
@@ -245,6 +248,7 @@ def validate(cfg) -> None:
         (cl.retries >= 0, f"client.retries={cl.retries} must be >= 0"),
         (cl.timeout_s > 0, f"client.timeout_s={cl.timeout_s} must be > 0"),
         (cl.self_check >= 0, f"client.self_check={cl.self_check} must be >= 0 (0: off)"),
+        (cl.self_check_threads >= 0, f"client.self_check_threads={cl.self_check_threads} must be >= 0 (0: every core)"),
         (1 <= srv.port <= 65535, f"server.port={srv.port} must be in 1..65535"),
         (cfg.log_every_s > 0, f"log_every_s={cfg.log_every_s} must be > 0"),
         (

@@ -13,6 +13,7 @@ architecture the seam serves, proven or not, at the cost of one lm_head read at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .schema import ClientConfig
 from .shards import codec
 from .shards import fp8 as codec_fp8
 
@@ -253,6 +255,7 @@ class SelfCheck:
     head: Head | None = None
     skipped: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # poll runs in worker threads
+    threads: int = ClientConfig.self_check_threads  # torch's threads while it reads and judges (0: all)
 
     requested: int = 0
 
@@ -295,7 +298,7 @@ class SelfCheck:
     def warm(self) -> None:
         """The head read and widened before the first samples come back (in a thread, while the server
         starts; a poll meanwhile waits on the lock)."""
-        with self.lock:
+        with self.lock, torch_threads(self.threads):
             t0, head = time.monotonic(), self._head()
             if head is not None:
                 head.widened()
@@ -311,7 +314,8 @@ class SelfCheck:
 
     def _judge(self, items: list, fp8: bool = False) -> None:
         t0 = time.monotonic()
-        verdicts = judge_all(self.head, items, fp8)
+        with torch_threads(self.threads):
+            verdicts = judge_all(self.head, items, fp8)
         log.info("self-check: %d samples judged in %.2f s", len(items), time.monotonic() - t0)
         for v in verdicts:
             self.verdicts.append(v)
@@ -324,6 +328,21 @@ class SelfCheck:
 
     def pending(self) -> int:
         return len(self.asked)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads capped at n for the block (0: as they are), then as they were. The
+    count is the process's: during an SGLang capture nothing else in it runs torch (the packer's
+    workers are processes of their own, forked before)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(n, before) if n > 0 else before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def read_frame(root: Path, rec: dict) -> bytes:

@@ -138,6 +138,14 @@ MUTATIONS = {
         "    return lp, bound(peak) + 50 * SIGMAS * sigma, sigma",
         ["tests/test_selfcheck.py::test_an_fp8_final_slot_one_layer_early_is_still_refused"],
     ),
+    "self_check_judges_on_every_core": (
+        "recipe/selfcheck.py",
+        "    torch.set_num_threads(min(n, before) if n > 0 else before)",
+        "    torch.set_num_threads(before)",
+        [
+            "tests/test_selfcheck.py::test_the_self_check_reads_and_judges_on_the_cores_it_is_given_then_leaves_the_count_as_it_was"
+        ],
+    ),
     "self_check_judges_an_fp8_slot_its_rounding_hides": (
         "recipe/selfcheck.py",
         "            if not v.judged:",

@@ -146,3 +146,32 @@ def test_an_fp8_set_whose_rounding_alone_moves_logprobs_that_far_is_refused_nami
     for state in (final, early):
         with pytest.raises(SelfCheckFailed, match=r"fp8 codec's rounding .*shards\.codec=lossless"):
             check._judge([("s", ids, fp8_stored((state.float() * s).to(torch.bfloat16)), server)], fp8=True)
+
+
+def test_the_self_check_reads_and_judges_on_the_cores_it_is_given_then_leaves_the_count_as_it_was(monkeypatch):
+    """It works while the server prefills, whose scheduler launches every kernel from a core of the same
+    host: the head's widening and the judging matmul take client.self_check_threads cores, not all."""
+    import recipe.selfcheck as sc
+
+    seen = []
+
+    class StubHead:
+        def widened(self):
+            seen.append(("widen", torch.get_num_threads()))
+
+    monkeypatch.setattr(
+        sc, "judge_all", lambda head, items, fp8=False: seen.append(("judge", torch.get_num_threads())) or []
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        check = sc.SelfCheck(model_dir=None, samples=1, final_slot=0, threads=1)
+        check.head = StubHead()
+        check.warm()
+        check._judge([("s", None, None, None)])
+        assert seen == [("widen", 1), ("judge", 1)] and torch.get_num_threads() == 4
+        seen.clear()
+        sc.SelfCheck(model_dir=None, samples=1, final_slot=0, threads=0, head=StubHead()).warm()  # 0: every core
+        assert seen == [("widen", 4)]
+    finally:
+        torch.set_num_threads(before)

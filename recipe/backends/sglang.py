@@ -337,7 +337,9 @@ class SGLangBackend:
         self.stats = {"requests": 0, "retries": 0, "budget_wait_s": 0.0}
         # the final slot against the server's own logprobs, on the run's first samples (recipe/selfcheck.py)
         n = client.self_check if capture.final else 0
-        self.check = SelfCheck(Path(model_dir), n, len(capture.layers)) if n else None
+        self.check = (
+            SelfCheck(Path(model_dir), n, len(capture.layers), threads=client.self_check_threads) if n else None
+        )
         self.check_failed: SelfCheckFailed | None = None
 
     @classmethod
