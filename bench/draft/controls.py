@@ -93,8 +93,7 @@ def control_sizes(work: Path, n: int = 200) -> dict:
     teacher's changed tokens, the distances between the slots a permuted draft confuses, and the fp8
     codec's error per slot and in the teacher. Two
     threads: it runs beside the trainers, whose data loaders need the cores more."""
-    import torch
-
+    from recipe.selfcheck import torch_threads
     from recipe.shards.reader import ShardReader
 
     reader = ShardReader(work / "shards" / "real")
@@ -102,12 +101,8 @@ def control_sizes(work: Path, n: int = 200) -> dict:
     def hiddens():  # one sample at a time: the reader reuses a sample's memory for the next
         return (reader.get(sid)["hidden"] for sid in reader.ids[:n])
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, threads))
-    head = lm_head(work)
-    try:
+    with torch_threads(2):
+        head = lm_head(work)
         return {"wrong_norm_teacher": teacher_agreement(work, hiddens(), head),
                 "slot_distances": slot_distances(hiddens(), reader.manifest["capture"]["layers"]),
                 "fp8_by_slot": fp8_sizes(head, hiddens())}  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)

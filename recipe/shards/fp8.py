@@ -126,8 +126,9 @@ def dequantize(exp: np.ndarray, sm: np.ndarray, scales: np.ndarray, width: int, 
 def round_trip(words: np.ndarray, width: int) -> np.ndarray:
     """bf16 words (uint16, rows of `width`: one scale each) as a reader of an fp8 set gets them back:
     quantized, then dequantized."""
-    w = np.ascontiguousarray(words).reshape(-1).view(np.uint16)
-    exp, sm, scales, _, _ = quantize((w >> 8).astype(np.uint8), (w & 0xFF).astype(np.uint8), width)
+    from .codec import split_planes  # the codec imports this module
+
+    exp, sm, scales, _, _ = quantize(*split_planes(np.ascontiguousarray(words)), width)
     return dequantize(exp, sm, scales, width).reshape(np.shape(words))
 
 
